@@ -1,0 +1,171 @@
+"""Hooked building blocks: embeddings, positional encodings, the LSTM sublayer, causal attention, the MLP."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+from transformer_lens.hook_points import HookPoint
+
+from probe.errors import ProbeError
+from probe.models.config import ModelConfig
+
+MASK_VALUE = -1e5
+"""Score written above the causal diagonal: finite (so attributions through scores stay finite), yet exp() of it
+underflows to exactly 0 in float32, as TransformerLens does."""
+
+
+def sinusoidal_table(positions: Int[Tensor, "*pos"], d_model: int) -> Float[Tensor, "*pos d_model"]:
+    """Vaswani et al.'s encoding, evaluated at arbitrary (also negative or shifted) integer positions."""
+    half = d_model // 2
+    freq = torch.exp(-math.log(10000.0) * torch.arange(half, device=positions.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32)[..., None] * freq
+    table = torch.cat([angles.sin(), angles.cos()], dim=-1)
+    if d_model % 2:
+        table = F.pad(table, (0, 1))
+    return table
+
+
+class PosEmbed(nn.Module):
+    """Additive positional encoding (``learned`` table or ``sinusoidal``), evaluated at given positions."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.kind = cfg.pos_encoding
+        self.max_len = cfg.max_len
+        self.d_model = cfg.d_model
+        if self.kind == "learned":
+            self.W_pos = nn.Parameter(torch.randn(cfg.max_len, cfg.d_model) * 0.02)
+
+    def forward(self, positions: Int[Tensor, "batch pos"]) -> Float[Tensor, "batch pos d_model"]:
+        if self.kind == "learned":
+            if int(positions.max()) >= self.max_len or int(positions.min()) < 0:
+                raise ProbeError(
+                    f"position {int(positions.max())} is outside the learned table [0, {self.max_len}); "
+                    "use shorter sequences or a model with a larger max_len"
+                )
+            return self.W_pos[positions]
+        return sinusoidal_table(positions, self.d_model)
+
+
+def apply_rope(x: Float[Tensor, "batch pos head d_head"], positions: Int[Tensor, "batch pos"]) -> Tensor:
+    """Rotary position embedding (Su et al.), rotate-half convention."""
+    d_head = x.shape[-1]
+    half = d_head // 2
+    freq = torch.exp(-math.log(10000.0) * torch.arange(half, device=x.device, dtype=torch.float32) / half)
+    angles = positions.to(torch.float32)[..., None] * freq  # batch pos half
+    cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
+    x1, x2 = x[..., :half], x[..., half:]
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+class HookedLSTM(nn.Module):
+    """One LSTM layer as a sublayer. ``hook_h`` (batch pos d_model) always fires; ``hook_c`` only on the unrolled path.
+
+    The fused ``nn.LSTM`` kernel is the default. The cell states ``c_t`` exist only inside that kernel, so when a
+    hook is attached to ``hook_c`` the layer runs an unrolled loop over time with the same weights (tested to agree
+    with the fused path) and calls ``hook_c`` once on the stacked states. ``override_state`` sets (h_t, c_t) at one
+    position and lets the recurrence continue from it: the primitive for interchange interventions.
+    """
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.rnn = nn.LSTM(d_model, d_model, batch_first=True)
+        self.hook_h = HookPoint()
+        self.hook_c = HookPoint()
+        self._override: tuple[int, Tensor, Tensor] | None = None
+        self.force_unrolled = False
+
+    @contextlib.contextmanager
+    def override_state(self, position: int, h: Tensor, c: Tensor) -> Iterator[None]:
+        """Within the block, the state after ``position`` is (h, c) (each ``(batch, d_model)``)."""
+        self._override = (position, h, c)
+        try:
+            yield
+        finally:
+            self._override = None
+
+    def _wants_cell_states(self) -> bool:
+        return self.force_unrolled or self.hook_c.has_hooks()
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        if self._wants_cell_states():
+            h, c = self.unrolled(x)
+            self.hook_c(c)
+            return self.hook_h(h)
+        if self._override is None:
+            h, _ = self.rnn(x)
+            return self.hook_h(h)
+        t, h_t, c_t = self._override
+        head, _ = self.rnn(x[:, : t + 1])
+        tail, _ = self.rnn(x[:, t + 1 :], (h_t[None].contiguous(), c_t[None].contiguous()))
+        h = torch.cat([head[:, :t], h_t[:, None], tail], dim=1)
+        return self.hook_h(h)
+
+    def unrolled(self, x: Float[Tensor, "batch pos d_model"]) -> tuple[Tensor, Tensor]:
+        """The same recurrence step by step; returns (h, c), each (batch pos d_model)."""
+        r = self.rnn
+        b, t_len, d = x.shape
+        xi = x @ r.weight_ih_l0.T + r.bias_ih_l0 + r.bias_hh_l0
+        h = x.new_zeros(b, d)
+        c = x.new_zeros(b, d)
+        hs, cs = [], []
+        for t in range(t_len):
+            gates = xi[:, t] + h @ r.weight_hh_l0.T
+            i, f, g, o = gates.chunk(4, dim=-1)  # PyTorch's gate order
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            if self._override is not None and self._override[0] == t:
+                h, c = self._override[1], self._override[2]
+            hs.append(h)
+            cs.append(c)
+        return torch.stack(hs, dim=1), torch.stack(cs, dim=1)
+
+
+class CausalAttention(nn.Module):
+    """Multi-head causal self-attention written out so that q, k, v, scores, pattern and z are hookable."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
+        self.rope = cfg.pos_encoding == "rope"
+        self.W_Q = nn.Linear(cfg.d_model, cfg.d_model)
+        self.W_K = nn.Linear(cfg.d_model, cfg.d_model)
+        self.W_V = nn.Linear(cfg.d_model, cfg.d_model)
+        self.W_O = nn.Linear(cfg.d_model, cfg.d_model)
+        self.hook_q = HookPoint()  # batch pos head d_head
+        self.hook_k = HookPoint()
+        self.hook_v = HookPoint()
+        self.hook_attn_scores = HookPoint()  # batch head query_pos key_pos
+        self.hook_pattern = HookPoint()
+        self.hook_z = HookPoint()  # batch pos head d_head
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"]) -> Tensor:
+        b, t, _ = x.shape
+        split = (b, t, self.n_heads, self.d_head)
+        q = self.hook_q(self.W_Q(x).view(split))
+        k = self.hook_k(self.W_K(x).view(split))
+        v = self.hook_v(self.W_V(x).view(split))
+        if self.rope:
+            q, k = apply_rope(q, positions), apply_rope(k, positions)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
+        causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
+        scores = self.hook_attn_scores(scores.masked_fill(causal, MASK_VALUE))
+        pattern = self.hook_pattern(scores.softmax(dim=-1))
+        z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
+        return self.W_O(z.reshape(b, t, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.W_in = nn.Linear(cfg.d_model, cfg.mlp_dim)
+        self.W_out = nn.Linear(cfg.mlp_dim, cfg.d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.W_out(F.gelu(self.W_in(x)))
