@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens import HookedRootModule
@@ -12,6 +13,7 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.models.components import MLP, CausalAttention, HookedLSTM, PosEmbed
 from probe.models.config import ModelConfig
+from probe.tasks import IGNORE_INDEX
 
 
 class Block(nn.Module):
@@ -74,9 +76,12 @@ class HookedSequenceModel(HookedRootModule):
         self.setup()
 
     def forward(
-        self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"] | None = None
-    ) -> Float[Tensor, "batch pos vocab"]:
-        """Logits at every position. ``positions`` (default ``0..T-1``) feeds the positional encoding only."""
+        self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"] | None = None,
+        labels: Int[Tensor, "batch pos"] | None = None,
+    ) -> Float[Tensor, "batch pos vocab"] | Float[Tensor, ""]:
+        """Logits at every position, or with ``labels`` the mean cross-entropy over labelled positions (a scalar,
+        so that ``run_with_cache(..., labels=y, incl_bwd=True)`` works). ``positions`` (default ``0..T-1``) feeds
+        the positional encoding only."""
         b, t = tokens.shape
         if positions is None:
             positions = torch.arange(t, device=tokens.device).expand(b, t)
@@ -87,7 +92,10 @@ class HookedSequenceModel(HookedRootModule):
             x = x + self.hook_pos_embed(self.pos_embed(positions))
         for block in self.blocks:
             x = block(x, positions)
-        return self.hook_logits(self.unembed(self.ln_final(x)))
+        logits = self.hook_logits(self.unembed(self.ln_final(x)))
+        if labels is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
 
     # --- attention gates --------------------------------------------------------------------------------
     @property
