@@ -50,6 +50,16 @@ class Checkpoint:
         return (self.train_config.get("schedule") or {}).get("kind")
 
     @property
+    def label(self) -> str:
+        """What kind of run this is, for tables and legends: ``lstm``, ``transformer``, ``hybrid-joint``,
+        ``hybrid-dat`` (the ``delayed`` schedule), ``hybrid-ramp``, ..."""
+        family = self.model_config.family
+        if family != "hybrid":
+            return family
+        kind = self.schedule or "joint"
+        return "hybrid-" + ("dat" if kind == "delayed" else kind)
+
+    @property
     def seed(self) -> int | None:
         return self.train_config.get("seed")
 
@@ -168,7 +178,8 @@ def resolve_checkpoints(specs: list[str]) -> list[Path]:
                 raise CheckpointError(f"{p}: directory holds no *.pt checkpoints")
             out.extend(found)
         elif any(ch in spec for ch in "*?["):
-            found = sorted(Path().glob(spec)) if not p.is_absolute() else sorted(Path(p.anchor).glob(str(p.relative_to(p.anchor))))
+            root = Path(p.anchor) if p.is_absolute() else Path()
+            found = sorted(root.glob(str(p.relative_to(p.anchor)) if p.is_absolute() else spec))
             if not found:
                 raise CheckpointError(f"{spec}: pattern matches no file")
             out.extend(found)

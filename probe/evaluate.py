@@ -5,15 +5,25 @@ Usage: ``python -m probe.evaluate ckpt.pt [more.pt ...] [--lengths 1:100] [--jso
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
+import sys
 from collections.abc import Iterable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
+from probe.checkpoint import load_checkpoint, resolve_checkpoints
+from probe.cli import add_common_args, envelope, resolve_device, run_cli, say
+from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
 from probe.tasks import SUBTASKS, TaskConfig
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 EVAL_SEED_BASE = 7_000_000_000
 """Evaluation batches come from seeds far from the training seeds (which are ``seed * 1_000_003 + step``)."""
@@ -87,8 +97,6 @@ def lengthgen_score(curve: pd.DataFrame, train_length: int, factor: int = 3) -> 
 
 def parse_lengths(spec: str) -> list[int]:
     """``"1:100"`` (inclusive), ``"1:100:5"`` or ``"25,50,75"``."""
-    from probe.errors import ProbeError
-
     try:
         if ":" in spec:
             parts = [int(p) for p in spec.split(":")]
@@ -106,3 +114,125 @@ def parse_lengths(spec: str) -> list[int]:
 
 def multiples(train_length: int, factors: Sequence[int] = (1, 2, 3, 4)) -> list[int]:
     return [f * train_length for f in factors]
+
+
+# --- results over checkpoints ------------------------------------------------------------------------------
+def evaluate_checkpoints(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, n_samples: int = 256,
+                         batch_size: int = 256, seed: int = 0, device: torch.device | str = "cpu",
+                         progress: bool = False) -> pd.DataFrame:
+    """Tidy curve of every checkpoint: ``checkpoint, label, seed, length, subtask, token_acc, seq_acc, n_tokens``.
+
+    Default lengths: 1 .. 4 x L_train of each checkpoint's task.
+    """
+    frames = []
+    for path in paths:
+        ckpt = load_checkpoint(path)
+        model = ckpt.build_model(device)
+        lens = list(lengths) if lengths else list(range(1, 4 * ckpt.task_config.train_length + 1))
+        curve = length_curve(model, ckpt.task_config, lens, n_samples, batch_size, seed, progress)
+        curve.insert(0, "checkpoint", str(path))
+        curve.insert(1, "label", ckpt.label)
+        curve.insert(2, "seed", ckpt.seed)
+        curve["train_length"] = ckpt.task_config.train_length
+        frames.append(curve)
+    return pd.concat(frames, ignore_index=True)
+
+
+def scores(curves: pd.DataFrame) -> pd.DataFrame:
+    """Length-generalization score per checkpoint and subtask: ``checkpoint, label, seed, subtask, lengthgen_score``."""
+    rows = []
+    for (path, label, seed, lt), curve in curves.groupby(["checkpoint", "label", "seed", "train_length"],
+                                                         dropna=False):
+        for subtask, value in lengthgen_score(curve, int(lt)).items():
+            rows.append({"checkpoint": path, "label": label, "seed": seed, "subtask": subtask,
+                         "lengthgen_score": value})
+    return pd.DataFrame(rows)
+
+
+def summary_table(curves: pd.DataFrame, factors: Sequence[int] = (1, 2, 3, 4)) -> pd.DataFrame:
+    """Mean and spread over seeds of token accuracy at k x L_train, per label and subtask (percent)."""
+    rows = []
+    for (label, subtask), g in curves.groupby(["label", "subtask"]):
+        row: dict[str, Any] = {"label": label, "subtask": subtask, "seeds": g.seed.nunique()}
+        for f in factors:
+            at = g[g.length == f * g.train_length]
+            if len(at):
+                row[f"{f}x"] = f"{100 * at.token_acc.mean():.1f} ± {100 * at.token_acc.std(ddof=0):.1f}"
+        sc = scores(g)
+        if len(sc):
+            row["score"] = f"{100 * sc.lengthgen_score.mean():.1f}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def plot_length_curves(curves: pd.DataFrame, subtasks: Sequence[str] = SUBTASKS) -> Figure:
+    """Token accuracy vs length, one panel per subtask, one line per label (mean over seeds, band = min..max),
+    the training range shaded."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    data = curves[curves.subtask.isin(subtasks)].dropna(subset=["token_acc"])
+    fig, axes = plt.subplots(1, len(subtasks), figsize=(5 * len(subtasks), 3.6), sharey=True, squeeze=False)
+    for ax, subtask in zip(axes[0], subtasks, strict=True):
+        part = data[data.subtask == subtask]
+        if part.empty:
+            ax.set_title(f"{subtask}: not asked by this task")
+            continue
+        sns.lineplot(part, x="length", y="token_acc", hue="label", errorbar=("pi", 100), ax=ax)
+        lt = int(part.train_length.max())
+        ax.axvspan(1, lt, color="0.85", alpha=0.5, lw=0, label=f"training lengths (1–{lt})")
+        ax.set(title=f"{subtask} subtask", xlabel="stream length L (tokens)", ylabel="token accuracy",
+               ylim=(-0.02, 1.02))
+        ax.legend(fontsize=7, loc="lower left")
+    n_seeds = data.groupby("label").seed.nunique()
+    fig.suptitle("Accuracy vs length (line: mean over seeds; band: min–max) — seeds per model: "
+                 + ", ".join(f"{k} {v}" for k, v in n_seeds.items()), fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# --- CLI ---------------------------------------------------------------------------------------------------
+_HELP_JSON = """JSON (--json): results rows {checkpoint, label, seed, length, subtask (state|recall|all), token_acc,
+seq_acc, n_tokens}, plus one row per checkpoint and subtask with length null, metric "lengthgen_score" and its value
+in token_acc (mean token accuracy over lengths in (L_train, 3 L_train]); controls rows {control: "chance", subtask,
+token_acc}: the accuracy of guessing uniformly."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m probe.evaluate", description=__doc__.split("\n\n")[0],
+                                     epilog=_HELP_JSON)
+    parser.add_argument("checkpoints", nargs="+", help="checkpoint files, directories of *.pt, or globs")
+    parser.add_argument("--lengths", default=None, help="START:STOP[:STEP] or a comma list (default 1:4xL_train)")
+    parser.add_argument("--samples", type=int, default=256, help="sequences per length (default 256)")
+    parser.add_argument("--batch-size", type=int, default=256, help="sub-batch size, bounds memory (default 256)")
+    add_common_args(parser)
+
+    def body(args: argparse.Namespace) -> dict[str, Any]:
+        paths = resolve_checkpoints(args.checkpoints)
+        lengths = parse_lengths(args.lengths) if args.lengths else None
+        curves = evaluate_checkpoints(paths, lengths, args.samples, args.batch_size, args.seed,
+                                      resolve_device(args.device), progress=not args.json)
+        sc = scores(curves)
+        say(args, summary_table(curves).to_string(index=False))
+        rows = curves.drop(columns=["train_length"]).to_dict("records")
+        rows += [{"checkpoint": r.checkpoint, "label": r.label, "seed": r.seed, "length": None,
+                  "subtask": r.subtask, "metric": "lengthgen_score", "token_acc": r.lengthgen_score,
+                  "seq_acc": None} for r in sc.itertuples()]
+        task = load_checkpoint(paths[0]).task_config
+        controls = [{"control": "chance", "subtask": "state", "token_acc": 1 / task.m},
+                    {"control": "chance", "subtask": "recall", "token_acc": 1 / task.n_values}]
+        result = envelope("evaluate", [str(p) for p in paths], rows, controls)
+        if args.out:
+            out = Path(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "evaluate.json").write_text(json.dumps(result, indent=1))
+            plot_length_curves(curves).savefig(out / "accuracy_vs_length.png", dpi=150)
+            say(args, f"wrote {out / 'evaluate.json'} and {out / 'accuracy_vs_length.png'}")
+        return result
+
+    return run_cli(parser, body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -253,7 +253,9 @@ def make_task(name: str = "interleaved", **overrides: Any) -> TaskConfig:
     fields = {f.name for f in dataclasses.fields(cls)}
     unknown = set(overrides) - fields
     if unknown:
-        raise ProbeError(f"task {name}: unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(fields))}")
+        raise ProbeError(
+            f"task {name}: unknown option(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(fields))}"
+        )
     return cls(**overrides)
 
 

@@ -92,7 +92,9 @@ def build_configs(preset: str, task: str = "interleaved", overrides: list[str] |
         key, sep, raw = item.partition("=")
         section, dot, name = key.partition(".")
         if not sep or not dot or section not in sections:
-            raise ProbeError(f"bad override {item!r}: use SECTION.FIELD=VALUE with SECTION in model, task, train, schedule")
+            raise ProbeError(
+                f"bad override {item!r}: use SECTION.FIELD=VALUE with SECTION in model, task, train, schedule"
+            )
         sections[section][name] = _parse_value(raw)
     sections["train"].update({k: v for k, v in train_overrides.items() if v is not None})
     task_cfg = make_task(task, **sections["task"])

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import tiny_model
 from probe.errors import ProbeError
+
+from conftest import tiny_model
 
 B, T = 3, 9
 

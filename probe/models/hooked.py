@@ -111,7 +111,7 @@ class HookedSequenceModel(HookedRootModule):
         values = [float(value)] * len(blocks) if isinstance(value, (int, float)) else [float(v) for v in value]
         if len(values) != len(blocks):
             raise ValueError(f"{len(values)} gate values for {len(blocks)} attention blocks")
-        for block, v in zip(blocks, values):
+        for block, v in zip(blocks, values, strict=True):
             block.attn_gate.fill_(v)
 
     def attention_parameters(self) -> list[nn.Parameter]:

@@ -1,0 +1,167 @@
+"""The trainer: DAT schedules, resume after SIGKILL, non-finite loss, CLI errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from probe.checkpoint import load_checkpoint
+from probe.errors import ProbeError
+from probe.models import ModelConfig
+from probe.schedules import Schedule, ScheduleConfig
+from probe.tasks import make_task
+from probe.train import TrainConfig, Trainer, build_configs, lr_at, main, train
+
+TASK = make_task("interleaved", train_length=6)
+MODEL = ModelConfig(family="hybrid", vocab_size=TASK.vocab_size, d_model=16, n_layers=1, n_heads=2)
+
+
+def tiny_cfg(**kw) -> TrainConfig:
+    base = dict(steps=40, batch_size=8, eval_every=20, eval_samples=16, ckpt_every=10, traj_every=20, lr=3e-3,
+                warmup=5)
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("kind,expected", [
+    ("joint", [1, 1, 1, 1, 1, 1]),
+    ("delayed", [0, 0, 0, 1, 1, 1]),
+    ("frozen", [1, 1, 1, 1, 1, 1]),
+    ("ramp", [0, 0, 0, 0.5, 1, 1]),
+])
+def test_schedule_gates(kind, expected):
+    s = Schedule(ScheduleConfig(kind=kind, switch=0.5, ramp_window=2), total_steps=6)
+    assert [s.gate(t) for t in range(6)] == expected
+    trains = [s.attention_trains(t) for t in range(6)]
+    assert trains == ([True] * 6 if kind == "joint" else [False] * 3 + [True] * 3)
+
+
+def test_adaptive_schedule_switches_on_plateau_and_is_capped():
+    s = Schedule(ScheduleConfig(kind="adaptive", switch=100, patience=2, min_switch=0), total_steps=200)
+    assert s.gate(50) == 0
+    for step, acc in [(10, 0.5), (20, 0.8), (30, 0.8), (40, 0.8)]:
+        s.observe(step, acc)
+    assert s.switched_at == 41 and s.gate(40) == 0 and s.gate(41) == 1
+    capped = Schedule(ScheduleConfig(kind="adaptive", switch=100), total_steps=200)
+    assert capped.gate(99) == 0 and capped.gate(100) == 1
+
+
+def test_bad_schedules_raise():
+    with pytest.raises(ProbeError, match="unknown schedule"):
+        ScheduleConfig(kind="later")
+    with pytest.raises(ProbeError, match="switch"):
+        ScheduleConfig(kind="delayed")
+
+
+def test_delayed_keeps_attention_untouched_until_the_switch_then_trains_it(tmp_path):
+    trainer = Trainer(MODEL, TASK, tiny_cfg(schedule=ScheduleConfig(kind="delayed", switch=20)), tmp_path,
+                      progress=False)
+    initial = [p.detach().clone() for p in trainer.model.attention_parameters()]
+    lstm_initial = trainer.model.blocks[0].lstm.rnn.weight_hh_l0.detach().clone()
+    for step in range(20):
+        trainer.train_step(step)
+    assert trainer.model.attention_gates() == [0.0]
+    assert all(torch.equal(a, b) for a, b in zip(initial, trainer.model.attention_parameters(), strict=True))
+    assert not torch.equal(lstm_initial, trainer.model.blocks[0].lstm.rnn.weight_hh_l0)
+    trainer.train_step(20)
+    assert trainer.model.attention_gates() == [1.0]
+    assert not all(torch.equal(a, b) for a, b in zip(initial, trainer.model.attention_parameters(), strict=True))
+
+
+def test_frozen_runs_attention_with_initial_weights(tmp_path):
+    trainer = Trainer(MODEL, TASK, tiny_cfg(schedule=ScheduleConfig(kind="frozen", switch=10)), tmp_path,
+                      progress=False)
+    initial = [p.detach().clone() for p in trainer.model.attention_parameters()]
+    for step in range(10):
+        trainer.train_step(step)
+    assert trainer.model.attention_gates() == [1.0]
+    assert all(torch.equal(a, b) for a, b in zip(initial, trainer.model.attention_parameters(), strict=True))
+
+
+def test_run_writes_checkpoints_trajectory_and_metrics(tmp_path):
+    final = train(MODEL, TASK, tiny_cfg(schedule=ScheduleConfig(kind="delayed", switch=20)), tmp_path,
+                  progress=False)
+    assert final.step == 40
+    assert sorted(p.name for p in (tmp_path / "trajectory").iterdir()) == [
+        "step_000000.pt", "step_000020.pt", "step_000040.pt"]
+    snap = load_checkpoint(tmp_path / "trajectory" / "step_000020.pt")
+    assert snap.state_dict["embed.weight"].dtype == torch.float16 and snap.optimizer_state is None
+    assert snap.build_model().embed.weight.dtype == torch.float32
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [20, 40] and "state_acc_3x" in records[0]
+    last = load_checkpoint(tmp_path / "last.pt")
+    assert last.optimizer_state is not None and last.train_config["schedule"]["kind"] == "delayed"
+    assert load_checkpoint(tmp_path / "final.pt").label == "hybrid-dat"
+    with pytest.raises(ProbeError, match="--resume"):
+        train(MODEL, TASK, tiny_cfg(), tmp_path, progress=False)
+
+
+def test_resume_after_sigkill_matches_an_uninterrupted_run(tmp_path):
+    args = ["--preset", "hybrid-dat", "--task", "interleaved", "--steps", "120", "--no-progress",
+            "--set", "model.d_model=16", "--set", "model.n_layers=1", "--set", "model.n_heads=2",
+            "--set", "task.train_length=6", "--set", "train.batch_size=8", "--set", "train.ckpt_every=10",
+            "--set", "train.eval_every=40", "--set", "train.eval_samples=16", "--set", "train.traj_every=60",
+            "--set", "schedule.switch=50", "--seed", "1"]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    cmd = [sys.executable, "-m", "probe.train", *args, "--out", str(tmp_path / "cut")]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        last = tmp_path / "cut" / "last.pt"
+        if last.exists() and load_checkpoint(last).step >= 30:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    cut_step = load_checkpoint(tmp_path / "cut" / "last.pt").step
+    assert 30 <= cut_step < 120, "the run must be killed mid-way for this test to mean anything"
+    assert main([*args, "--out", str(tmp_path / "cut"), "--resume"]) == 0
+    whole = load_checkpoint(tmp_path / "whole" / "final.pt")
+    resumed = load_checkpoint(tmp_path / "cut" / "final.pt")
+    for k, v in whole.state_dict.items():
+        assert torch.equal(v, resumed.state_dict[k]), k
+    assert whole.metrics["state_acc_3x"] == resumed.metrics["state_acc_3x"]
+    logged = (tmp_path / "whole" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(a)["step"] for a in logged] == [
+        json.loads(b)["step"] for b in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    trainer = Trainer(MODEL, TASK, tiny_cfg(), tmp_path, progress=False)
+    real = trainer.model.forward
+    calls = {"n": 0}
+
+    def poisoned(*a, **k):
+        calls["n"] += 1
+        out = real(*a, **k)
+        return out * float("nan") if trainer.step >= 25 and trainer.model.training else out
+
+    monkeypatch.setattr(trainer.model, "forward", poisoned)
+    with pytest.raises(ProbeError, match="non-finite loss .* step 25"):
+        trainer.run()
+    assert load_checkpoint(tmp_path / "last.pt").step == 20
+    assert not (tmp_path / "final.pt").exists()
+
+
+def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
+    assert main(["--preset", "gru", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: unknown preset") and err.count("\n") == 1
+    assert main(["--set", "model.d_model", "--out", str(tmp_path / "y")]) == 2
+    assert "bad override" in capsys.readouterr().err
+    assert main(["--task", "parity", "--out", str(tmp_path / "z")]) == 2
+
+
+def test_presets_and_lr_schedule():
+    m, t, c = build_configs("hybrid-dat")
+    assert m.family == "hybrid" and c.schedule.kind == "delayed" and t.name == "interleaved"
+    m, t, c = build_configs("lstm", overrides=["model.d_model=64", "task.m=5", "schedule.kind=joint"])
+    assert m.d_model == 64 and t.m == 5 and m.vocab_size == t.vocab_size
+    cfg = TrainConfig(steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1)
+    assert lr_at(cfg, 0) == pytest.approx(0.1) and lr_at(cfg, 10) == pytest.approx(1.0)
+    assert lr_at(cfg, 100) == pytest.approx(0.1)
