@@ -80,7 +80,7 @@ def length_curve(
     rows: list[dict[str, Any]] = []
     it: Iterable[int] = lengths
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm
 
         it = tqdm(lengths, desc="lengths", leave=False)
     for length in it:

@@ -229,7 +229,7 @@ class Trainer:
             self._snapshot()
         bar = None
         if self.progress:
-            from tqdm.auto import tqdm
+            from tqdm import tqdm
 
             bar = tqdm(total=self.cfg.steps, initial=self.step, desc=self.out.name, dynamic_ncols=True)
         t0, run_loss, run_acc = time.perf_counter(), None, None

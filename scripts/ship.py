@@ -23,6 +23,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     parser.add_argument("--samples", type=int, default=256)
+    parser.add_argument("--no-eval", action="store_true", help="only copy checkpoints and trajectories")
     args = parser.parse_args()
     ckpt_dir, results = Path("checkpoints"), Path("results")
     results.mkdir(exist_ok=True)
@@ -42,6 +43,8 @@ def main() -> int:
                 snap = src / "trajectory" / f"step_{step:06d}.pt"
                 if snap.exists():
                     shutil.copy(snap, dst / snap.name)
+    if args.no_eval:
+        return 0
     runs = []
     for final in finals:
         log = [json.loads(line) for line in (final.parent / "metrics.jsonl").read_text().splitlines()]
