@@ -150,10 +150,15 @@ def scores(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_table(curves: pd.DataFrame, factors: Sequence[int] = (1, 2, 3, 4)) -> pd.DataFrame:
-    """Mean and spread over seeds of token accuracy at k x L_train, per label and subtask (percent)."""
+    """Mean ± standard deviation over seeds of token accuracy (percent), per label and subtask: averaged over the
+    in-distribution lengths (``1..1x``, the lengths evaluated up to L_train), at k x L_train, and the
+    length-generalization score."""
     rows = []
     for (label, subtask), g in curves.groupby(["label", "subtask"]):
         row: dict[str, Any] = {"label": label, "subtask": subtask, "seeds": g.seed.nunique()}
+        inside = g[g.length <= g.train_length].groupby("seed").token_acc.mean()
+        if len(inside):
+            row["1..1x"] = f"{100 * inside.mean():.1f} ± {100 * inside.std(ddof=0):.1f}"
         for f in factors:
             at = g[g.length == f * g.train_length]
             if len(at):

@@ -636,6 +636,16 @@ Models without a positional code (lstm, the hybrid presets) and without attentio
 false and the reason. controls rows: checkpoint, control, value, expected, passed."""
 
 
+def report_figures(reports: Sequence[ShortcutReport]) -> dict[str, Figure]:
+    """Every figure of the shortcut tests, by name: ``drops``, ``window``, ``entropy``, ``heads``."""
+    heads = pd.concat([r.heads.assign(checkpoint=r.checkpoint) for r in reports if not r.heads.empty]
+                      or [pd.DataFrame()])
+    entropy = pd.concat([r.entropy.assign(checkpoint=r.checkpoint) for r in reports if not r.entropy.empty]
+                        or [pd.DataFrame()])
+    return {"drops": plot_drops(reports), "window": plot_window(reports), "entropy": plot_entropy(entropy),
+            "heads": plot_head_map(heads)}
+
+
 def _ints(spec: str | None, what: str) -> list[int] | None:
     if spec is None:
         return None
@@ -702,15 +712,10 @@ def main(argv: list[str] | None = None) -> int:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
             (out / "shortcuts.json").write_text(json.dumps(result, indent=1))
-            heads = pd.concat([r.heads.assign(checkpoint=r.checkpoint) for r in reports if not r.heads.empty]
-                              or [pd.DataFrame()])
-            entropy = pd.concat([r.entropy.assign(checkpoint=r.checkpoint) for r in reports if not r.entropy.empty]
-                                or [pd.DataFrame()])
-            figures = {"drops.png": plot_drops(reports), "window.png": plot_window(reports),
-                       "entropy.png": plot_entropy(entropy), "heads.png": plot_head_map(heads)}
+            figures = report_figures(reports)
             for fname, fig in figures.items():
-                fig.savefig(out / fname, dpi=150)
-            say(args, f"wrote {out / 'shortcuts.json'} and {', '.join(figures)} in {out}")
+                fig.savefig(out / f"{fname}.png", dpi=150)
+            say(args, f"wrote {out / 'shortcuts.json'} and {', '.join(f + '.png' for f in figures)} in {out}")
         return result
 
     return run_cli(parser, body, argv)
