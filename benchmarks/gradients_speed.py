@@ -1,0 +1,76 @@
+"""Time ``probe.gradients`` on one checkpoint with the default settings on one CPU thread (target: <= 30 s).
+
+Usage: ``python benchmarks/gradients_speed.py [ckpt.pt]``. Without an argument it uses ``checkpoints/hybrid-joint.pt``
+if shipped, else a randomly initialised model of the ``hybrid-joint`` preset's size (same cost).
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from probe import attributions as A
+from probe import gradients as G
+from probe.checkpoint import checkpoint_from_model, load_checkpoint, save_checkpoint
+from probe.models import HookedSequenceModel
+from probe.train import build_configs
+
+BUDGET_S = 30.0
+
+
+def preset_checkpoint(folder: Path) -> Path:
+    model_cfg, task, train_cfg = build_configs("hybrid-joint")
+    torch.manual_seed(0)
+    path = folder / "hybrid-joint-random.pt"
+    save_checkpoint(path, checkpoint_from_model(HookedSequenceModel(model_cfg), task, train_config=train_cfg.to_dict()))
+    return path
+
+
+def main(argv: list[str]) -> int:
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        default = Path("checkpoints/hybrid-joint.pt")
+        path = Path(argv[0]) if argv else (default if default.exists() else preset_checkpoint(Path(tmp)))
+        t0 = time.perf_counter()
+        G.analyze([path])  # warm-up: imports, allocator, captum
+        warm = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        report = G.analyze([path])
+        total = time.perf_counter() - t0
+
+        ckpt = load_checkpoint(path)
+        model = ckpt.build_model()
+        phases: dict[str, float] = {}
+        for length in G.default_lengths(ckpt.task_config):
+            batch = G.analysis_batch(ckpt.task_config, length, 64, 0)
+            sub = G.analysis_batch(ckpt.task_config, length, 16, 0)
+            for name, fn, data, kw in (("interference", G.interference, batch, {}),
+                                       ("components (gxa)", A.component_attribution, sub, {}),
+                                       ("distance (gxa)", A.distance_attribution, sub, {"max_targets": 16})):
+                t = time.perf_counter()
+                fn(model, data, **kw)
+                phases[f"{name} L={length}"] = time.perf_counter() - t
+        t = time.perf_counter()
+        G.builtin_controls()
+        phases["built-in controls"] = time.perf_counter() - t
+
+    cfg = ckpt.model_config
+    print(f"checkpoint: {path} ({cfg.family}, d_model {cfg.d_model}, {cfg.n_layers} blocks), torch threads: "
+          f"{torch.get_num_threads()}")
+    print(f"default analysis (batch 64, lengths {G.default_lengths(ckpt.task_config)}, gxa attributions): "
+          f"{total:.2f} s (first call incl. warm-up {warm:.2f} s); budget {BUDGET_S:.0f} s: "
+          f"{'ok' if total <= BUDGET_S else 'OVER'}")
+    for name, secs in phases.items():
+        print(f"  {name:<28} {secs:6.2f} s")
+    print(f"rows: {len(report.rows())}, controls passed: {sum(c['passed'] for c in report.controls)}/"
+          f"{len(report.controls)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,274 @@
+"""Every figure of the reproduction from the shipped checkpoints, with a captioned index (``figures/README.md``).
+
+Usage: ``python -m probe.figures [--out figures/] [--format png,pdf] [--only NAME ...] [--retrain]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+
+from probe.checkpoint import load_checkpoint
+from probe.cli import resolve_device, run_cli
+from probe.errors import ProbeError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+PRESETS = ("lstm", "transformer", "hybrid-joint", "hybrid-dat")
+REPO = Path(__file__).resolve().parents[1]
+
+
+class Inputs:
+    """The analyses behind the figures, each computed once on first use and shared by every figure that needs it."""
+
+    def __init__(self, checkpoints: Path, results: Path, seed: int = 0, device: str = "cpu",
+                 quick: bool = False) -> None:
+        self.checkpoints, self.results, self.seed, self.device = checkpoints, results, seed, device
+        self.quick = quick  # small samples everywhere: a smoke run of the pipeline, not numbers to report
+        missing = [p for p in self.finals + self.trajectories if not p.exists()]
+        if missing:
+            raise ProbeError(f"missing shipped checkpoint(s): {', '.join(map(str, missing))} "
+                             "(run python scripts/reproduce.py && python scripts/ship.py, or pass --retrain)")
+
+    @property
+    def finals(self) -> list[Path]:
+        return [self.checkpoints / f"{p}.pt" for p in PRESETS]
+
+    @property
+    def trajectories(self) -> list[Path]:
+        return [self.checkpoints / "trajectories" / p for p in ("hybrid-joint", "hybrid-dat")]
+
+    def ckpt(self, preset: str) -> Path:
+        return self.checkpoints / f"{preset}.pt"
+
+    @cached_property
+    def curves(self) -> pd.DataFrame:
+        """All seeds from ``results/evaluate.json`` (written by scripts/ship.py); else the shipped seed-0 files."""
+        path = self.results / "evaluate.json"
+        if path.exists():
+            df = pd.DataFrame(json.loads(path.read_text())["results"])
+            return df[df.length.notna()].astype({"length": int}).assign(train_length=25)
+        from probe.evaluate import evaluate_checkpoints
+
+        return evaluate_checkpoints(self.finals, n_samples=16 if self.quick else 128, seed=self.seed,
+                                    device=self.device)
+
+    @cached_property
+    def gradients_over_training(self) -> Any:
+        from probe import gradients
+
+        return gradients.analyze(self.trajectories, seed=self.seed, device=self.device, attr="none",
+                                 batch_size=16 if self.quick else 64)
+
+    @cached_property
+    def gradients_final(self) -> Any:
+        from probe import gradients
+
+        return gradients.analyze([self.ckpt("hybrid-joint"), self.ckpt("hybrid-dat")], seed=self.seed,
+                                 device=self.device, attr="gxa", batch_size=16 if self.quick else 64,
+                                 attr_batch=4 if self.quick else 16)
+
+    @cached_property
+    def probes(self) -> list[Any]:
+        from probe.probes import run_probes
+
+        kw = dict(n_train=40, n_test=8, n_patch=8) if self.quick else {}
+        return [run_probes(load_checkpoint(p), device=self.device, seed=self.seed, **kw) for p in self.finals]
+
+    @cached_property
+    def shortcuts(self) -> list[Any]:
+        from probe.shortcuts import analyze
+
+        kw = dict(n_batches=2, batch_size=16, window_samples=32) if self.quick else {}
+        return [analyze(p, device=self.device, seed=self.seed, **kw) for p in self.finals]
+
+    @cached_property
+    def shortcut_figures(self) -> dict[str, Figure]:
+        from probe.shortcuts import report_figures
+
+        return report_figures(self.shortcuts)
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str
+    caption: str
+    command: str
+    inputs: str
+    make: Callable[[Inputs], Figure]
+
+
+def _accuracy(i: Inputs) -> Figure:
+    from probe.evaluate import plot_length_curves
+
+    return plot_length_curves(i.curves)
+
+
+def _grad_training(i: Inputs) -> Figure:
+    from probe.gradients import plot_over_training
+
+    return plot_over_training(i.gradients_over_training.interference)
+
+
+def _grad_blocks(i: Inputs) -> Figure:
+    from probe.gradients import plot_blocks
+
+    table = i.gradients_final.interference
+    return plot_blocks(table[table.checkpoint == str(i.ckpt("hybrid-joint"))])
+
+
+def _attr_distance(i: Inputs) -> Figure:
+    from probe.attributions import plot_distance
+
+    return plot_distance(i.gradients_final.distance)
+
+
+def _probe_heatmap(i: Inputs) -> Figure:
+    from probe.probes import plot_heatmap
+
+    return plot_heatmap(i.probes)
+
+
+def _probe_position(i: Inputs) -> Figure:
+    from probe.probes import plot_position
+
+    return plot_position(i.probes)
+
+
+def _probe_compare(i: Inputs) -> Figure:
+    from probe.probes import plot_compare
+
+    return plot_compare(i.probes)
+
+
+_ALL = "checkpoints/{lstm,transformer,hybrid-joint,hybrid-dat}.pt"
+FIGURES: list[FigureSpec] = [
+    FigureSpec("accuracy_vs_length",
+               "Token accuracy vs stream length for the four presets on the interleaved task, per subtask (state "
+               "tracking, recall). Line: mean over seeds; band: min-max over seeds; shaded: training lengths 1-25.",
+               "python scripts/ship.py (python -m probe.evaluate runs/*/seed*/final.pt --lengths 1:100)",
+               "results/evaluate.json (all seeds)", _accuracy),
+    FigureSpec("gradient_interference",
+               "Gradient interference over training, joint vs DAT (seed 0 trajectories): |g_att|/|g| and the cosines "
+               "of the attention-path gradient on the LSTM weights with the recurrent-path gradient of the state loss, "
+               "at L_train and 3 L_train. Dashed: DAT switches attention on.",
+               "python -m probe.gradients checkpoints/trajectories/hybrid-joint checkpoints/trajectories/hybrid-dat",
+               "checkpoints/trajectories/hybrid-{joint,dat}", _grad_training),
+    FigureSpec("gradient_blocks",
+               "Per-block interference of the final joint hybrid: |g_att|/|g| and cosines per LSTM block and length.",
+               "python -m probe.gradients checkpoints/hybrid-joint.pt", "checkpoints/hybrid-joint.pt", _grad_blocks),
+    FigureSpec("attribution_distance",
+               "Where state answers take their input attribution from, by distance back and by path (recurrent vs "
+               "attention), joint vs DAT hybrid (gradient x activation).",
+               "python -m probe.gradients checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt --attr gxa",
+               "checkpoints/hybrid-{joint,dat}.pt", _attr_distance),
+    FigureSpec("probe_heatmap",
+               "Linear-probe accuracy for s_t mod m per hook and test length (1x-4x L_train), four presets.",
+               f"python -m probe.probes {_ALL}", _ALL, _probe_heatmap),
+    FigureSpec("probe_position",
+               "Probe accuracy by position inside the sequence, training range shaded.",
+               f"python -m probe.probes {_ALL}", _ALL, _probe_position),
+    FigureSpec("probe_compare",
+               "Best-hook probe accuracy, selectivity and interchange-intervention accuracy compared across presets.",
+               f"python -m probe.probes {_ALL}", _ALL, _probe_compare),
+    FigureSpec("shortcut_drops",
+               "Accuracy drop under positional randomization (random vectors, permutation, offsets) at in-distribution "
+               "lengths, 95% CI over batches; models without a positional code are N/A.",
+               f"python -m probe.shortcuts {_ALL}", _ALL, lambda i: i.shortcut_figures["drops"]),
+    FigureSpec("shortcut_window",
+               "Window test: accuracy on recomputed labels and agreement with old predictions when every number more "
+               "than k back is resampled.",
+               f"python -m probe.shortcuts {_ALL}", _ALL, lambda i: i.shortcut_figures["window"]),
+    FigureSpec("attention_entropy",
+               "Attention entropy and recall mass on the value vs length (the softmax-sharpness limit).",
+               f"python -m probe.shortcuts {_ALL}", _ALL, lambda i: i.shortcut_figures["entropy"]),
+    FigureSpec("attention_heads",
+               "Per-head share of the attention pattern explained by relative position vs content.",
+               f"python -m probe.shortcuts {_ALL}", _ALL, lambda i: i.shortcut_figures["heads"]),
+]
+
+
+def write_index(out: Path, written: list[tuple[FigureSpec, list[str], float]], seed: int, total_s: float) -> None:
+    lines = ["# Figures", "",
+             f"Made by `python -m probe.figures --out {out}` (analysis seed {seed}) from the shipped checkpoints in "
+             f"`checkpoints/` (training seed 0) and `results/evaluate.json` (training seeds 0-2); "
+             f"the whole run took {total_s:.0f} s on one CPU core. Each row says which command computes the same "
+             "numbers.", "",
+             "| file | caption | same numbers from | inputs | seconds |", "|---|---|---|---|---|"]
+    for spec, files, secs in written:
+        links = ", ".join(f"[{f}]({f})" for f in files)
+        lines.append(f"| {links} | {spec.caption} | `{spec.command}` | `{spec.inputs}` | {secs:.0f} |")
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m probe.figures", description=__doc__.split("\n\n")[0],
+                                     epilog="figures: " + ", ".join(s.name for s in FIGURES))
+    parser.add_argument("--out", default="figures", help="output directory (default figures/)")
+    parser.add_argument("--format", default="png", help="comma list of png, pdf, svg (default png)")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="make only these figures")
+    parser.add_argument("--checkpoints", default=str(REPO / "checkpoints"), help="shipped checkpoints directory")
+    parser.add_argument("--results", default=str(REPO / "results"), help="directory of evaluate.json")
+    parser.add_argument("--retrain", action="store_true",
+                        help="rerun the whole reproduction first (scripts/reproduce.py then scripts/ship.py)")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the analyses' random draws")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny samples everywhere: checks the pipeline in seconds, numbers not for reporting")
+
+    def body(args: argparse.Namespace) -> dict[str, Any]:
+        formats = [f.strip() for f in args.format.split(",") if f.strip()]
+        if not formats or set(formats) - {"png", "pdf", "svg"}:
+            raise ProbeError(f"bad --format {args.format!r}: use a comma list of png, pdf, svg")
+        specs = FIGURES
+        if args.only:
+            unknown = set(args.only) - {s.name for s in FIGURES}
+            if unknown:
+                raise ProbeError(f"unknown figure(s) {', '.join(sorted(unknown))}; known: "
+                                 + ", ".join(s.name for s in FIGURES))
+            specs = [s for s in FIGURES if s.name in args.only]
+        if args.retrain:
+            for script in ("reproduce.py", "ship.py"):
+                if not (REPO / "scripts" / script).exists():
+                    raise ProbeError("--retrain needs the repository's scripts/ (a source checkout)")
+                subprocess.run([sys.executable, str(REPO / "scripts" / script)], cwd=REPO, check=True)
+        inputs = Inputs(Path(args.checkpoints), Path(args.results), args.seed, str(resolve_device(args.device)),
+                        args.quick)
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        written, t_all = [], time.perf_counter()
+        import matplotlib.pyplot as plt
+
+        for spec in specs:
+            t0 = time.perf_counter()
+            fig = spec.make(inputs)
+            files = []
+            for fmt in formats:
+                fig.savefig(out / f"{spec.name}.{fmt}", dpi=150 if fmt == "png" else None, bbox_inches="tight")
+                files.append(f"{spec.name}.{fmt}")
+            plt.close(fig)
+            secs = time.perf_counter() - t0
+            written.append((spec, files, secs))
+            print(f"{spec.name:24s} {secs:6.1f} s  -> {', '.join(files)}", file=sys.stderr)
+        total = time.perf_counter() - t_all
+        if not args.only:
+            write_index(out, written, args.seed, total)
+        print(f"wrote {sum(len(f) for _, f, _ in written)} files to {out} in {total:.0f} s", file=sys.stderr)
+        return {}
+
+    return run_cli(parser, body, argv, emits_json=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

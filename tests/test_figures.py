@@ -1,0 +1,61 @@
+"""`python -m probe.figures` makes every listed figure and its captioned index from a set of shipped checkpoints."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from probe.figures import FIGURES, main
+from probe.models import ModelConfig
+from probe.schedules import ScheduleConfig
+from probe.tasks import make_task
+from probe.train import TrainConfig, train
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory):
+    """A miniature of checkpoints/: the four presets (tiny, a few steps) and two hybrid trajectories."""
+    root = tmp_path_factory.mktemp("shipped")
+    task = make_task("interleaved", train_length=4)
+    runs = {"lstm": ("lstm", "joint"), "transformer": ("transformer", "joint"),
+            "hybrid-joint": ("hybrid", "joint"), "hybrid-dat": ("hybrid", "delayed")}
+    for preset, (family, kind) in runs.items():
+        cfg = ModelConfig(family=family, vocab_size=task.vocab_size, d_model=16, n_layers=2, n_heads=2,
+                          pos_encoding="sinusoidal" if family == "transformer" else "none")
+        sched = ScheduleConfig(kind=kind, switch=10 if kind == "delayed" else 0)
+        tcfg = TrainConfig(steps=20, batch_size=8, eval_every=20, eval_samples=8, ckpt_every=20, traj_every=10,
+                           schedule=sched)
+        train(cfg, task, tcfg, root / "runs" / preset, progress=False)
+        shutil.copy(root / "runs" / preset / "final.pt", root / f"{preset}.pt")
+        if family == "hybrid":
+            shutil.copytree(root / "runs" / preset / "trajectory", root / "trajectories" / preset)
+    return root
+
+
+def test_every_figure_and_the_index(shipped, tmp_path):
+    out = tmp_path / "figs"
+    assert main(["--checkpoints", str(shipped), "--results", str(tmp_path / "none"), "--out", str(out),
+                 "--format", "png,pdf", "--device", "cpu", "--quick"]) == 0
+    for spec in FIGURES:
+        for fmt in ("png", "pdf"):
+            assert (out / f"{spec.name}.{fmt}").stat().st_size > 1000, spec.name
+    index = (out / "README.md").read_text()
+    for spec in FIGURES:
+        assert f"[{spec.name}.png]({spec.name}.png)" in index and spec.caption in index
+
+
+def test_only_and_bad_arguments(shipped, tmp_path, capsys):
+    out = tmp_path / "one"
+    assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
+                 "--only", "accuracy_vs_length"]) == 0
+    assert [p.name for p in out.iterdir()] == ["accuracy_vs_length.png"]
+    assert main(["--only", "nope", "--out", str(out)]) == 2
+    assert "unknown figure" in capsys.readouterr().err
+    assert main(["--format", "gif", "--out", str(out)]) == 2
+    assert "bad --format" in capsys.readouterr().err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["--checkpoints", str(empty), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: missing shipped checkpoint") and err.count("\n") == 1
