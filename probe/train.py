@@ -67,7 +67,7 @@ class TrainConfig:
 # uses sinusoidal positions so that its positional code exists at every evaluation length. See README.
 _BASE_MODEL = dict(d_model=128, n_layers=2, n_heads=4, pos_encoding="none")
 PRESETS: dict[str, dict[str, Any]] = {
-    "lstm": dict(model=dict(_BASE_MODEL, family="lstm"), train=dict(steps=3000)),
+    "lstm": dict(model=dict(_BASE_MODEL, family="lstm"), train=dict(steps=4500)),
     "transformer": dict(model=dict(_BASE_MODEL, family="transformer", pos_encoding="sinusoidal"),
                         train=dict(steps=4500)),
     "hybrid-joint": dict(model=dict(_BASE_MODEL, family="hybrid"),
