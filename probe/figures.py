@@ -134,6 +134,12 @@ def _attr_distance(i: Inputs) -> Figure:
     return plot_distance(i.gradients_final.distance)
 
 
+def _attr_components(i: Inputs) -> Figure:
+    from probe.attributions import plot_components
+
+    return plot_components(i.gradients_final.attributions)
+
+
 def _probe_heatmap(i: Inputs) -> Figure:
     from probe.probes import plot_heatmap
 
@@ -173,6 +179,11 @@ FIGURES: list[FigureSpec] = [
                "attention), joint vs DAT hybrid (gradient x activation).",
                "python -m probe.gradients checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt --attr gxa",
                "checkpoints/hybrid-{joint,dat}.pt", _attr_distance),
+    FigureSpec("attribution_components",
+               "Share of each correct answer's logit attribution per sublayer output (each block's LSTM vs "
+               "attention), per subtask, joint vs DAT hybrid (gradient x activation).",
+               "python -m probe.gradients checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt --attr gxa",
+               "checkpoints/hybrid-{joint,dat}.pt", _attr_components),
     FigureSpec("probe_heatmap",
                "Linear-probe accuracy for s_t mod m per hook and test length (1x-4x L_train), four presets.",
                f"python -m probe.probes {_ALL}", _ALL, _probe_heatmap),
