@@ -213,13 +213,14 @@ FIGURES: list[FigureSpec] = [
 def write_index(out: Path, written: list[tuple[FigureSpec, list[str], float]], seed: int, total_s: float) -> None:
     lines = ["# Figures", "",
              f"Made by `python -m probe.figures --out {out}` (analysis seed {seed}) from the shipped checkpoints in "
-             f"`checkpoints/` (training seed 0) and `results/evaluate.json` (training seeds 0-2); "
+             f"`checkpoints/` (training seed 0) and `results/evaluate.json` (all trained seeds); "
              f"the whole run took {total_s:.0f} s on one CPU core. Each row says which command computes the same "
              "numbers.", "",
              "| file | caption | same numbers from | inputs | seconds |", "|---|---|---|---|---|"]
     for spec, files, secs in written:
         links = ", ".join(f"[{f}]({f})" for f in files)
-        lines.append(f"| {links} | {spec.caption} | `{spec.command}` | `{spec.inputs}` | {secs:.0f} |")
+        caption = spec.caption.replace("|", "\\|")  # |g_att| would split the table cell
+        lines.append(f"| {links} | {caption} | `{spec.command}` | `{spec.inputs}` | {secs:.0f} |")
     (out / "README.md").write_text("\n".join(lines) + "\n")
 
 
