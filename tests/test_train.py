@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 import subprocess
@@ -165,3 +166,16 @@ def test_presets_and_lr_schedule():
     cfg = TrainConfig(steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1)
     assert lr_at(cfg, 0) == pytest.approx(0.1) and lr_at(cfg, 10) == pytest.approx(1.0)
     assert lr_at(cfg, 100) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("preset", ["lstm", "transformer", "hybrid-joint", "hybrid-dat"])
+def test_shipped_checkpoint_was_trained_with_the_committed_preset(preset):
+    """README's reproduction table is only true of the presets if the shipped runs used them (threads aside)."""
+    from pathlib import Path
+
+    ckpt = load_checkpoint(Path(__file__).parent.parent / "checkpoints" / f"{preset}.pt")
+    model_cfg, task_cfg, train_cfg = build_configs(preset, seed=0)
+    assert ckpt.model_config == model_cfg and ckpt.task_config == task_cfg
+    shipped = TrainConfig.from_dict(ckpt.train_config)
+    assert dataclasses.replace(shipped, threads=1) == dataclasses.replace(train_cfg, threads=1)
+    assert ckpt.step == train_cfg.steps
