@@ -176,12 +176,14 @@ FIGURES: list[FigureSpec] = [
                "python -m probe.gradients checkpoints/hybrid-joint.pt", "checkpoints/hybrid-joint.pt", _grad_blocks),
     FigureSpec("attribution_distance",
                "Where state answers take their input attribution from, by distance back and by path (recurrent vs "
-               "attention), joint vs DAT hybrid (gradient x activation).",
+               "attention), joint vs DAT hybrid (gradient x activation: fast, but on the shipped checkpoints it "
+               "disagrees with integrated gradients; docs/gradients.md).",
                "python -m probe.gradients checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt --attr gxa",
                "checkpoints/hybrid-{joint,dat}.pt", _attr_distance),
     FigureSpec("attribution_components",
                "Share of each correct answer's logit attribution per sublayer output (each block's LSTM vs "
-               "attention), per subtask, joint vs DAT hybrid (gradient x activation).",
+               "attention), per subtask, joint vs DAT hybrid (gradient x activation: fast, but on the shipped "
+               "checkpoints it disagrees with integrated gradients; docs/gradients.md).",
                "python -m probe.gradients checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt --attr gxa",
                "checkpoints/hybrid-{joint,dat}.pt", _attr_components),
     FigureSpec("probe_heatmap",
