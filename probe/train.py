@@ -68,7 +68,7 @@ class TrainConfig:
 # The LSTM-containing presets train at lr 2e-3, not TrainConfig's 1e-3: at 1e-3 the LSTM found the
 # length-generalizing counter in only 4 of 6 runs (lstm seed 0 and hybrid-dat seed 2 stalled at 70-90 % state
 # accuracy in distribution); at 2e-3 both found it by step 1500 from the same initialisation. The Transformer keeps
-# 1e-3: at 2e-3 its recall stalled at 25 %. docs/training.md has the runs.
+# 1e-3: at 2e-3 its recall stalled at 26 %. docs/training.md has the runs.
 _BASE_MODEL = dict(d_model=128, n_layers=2, n_heads=4, pos_encoding="none")
 _BASE_TRAIN = dict(steps=4500, lr=2e-3)
 PRESETS: dict[str, dict[str, Any]] = {
