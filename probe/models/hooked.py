@@ -22,6 +22,9 @@ class Block(nn.Module):
     The LSTM sublayer exists for ``lstm`` and ``hybrid``, attention for ``transformer`` and ``hybrid``. ``attn_gate``
     is a buffer (0 = off, 1 = on, in between for ramps) that multiplies attention's output, so attention hooks fire
     and cache keys stay the same whatever the gate; ``hook_attn_out`` sees the gated output that joins the stream.
+    ``attn_stopgrad`` (set by the trainer's ``stopgrad`` schedule) detaches the stream where it enters the attention
+    sublayer: the forward is unchanged, attention's own weights and LayerNorm still learn, but no gradient flows back
+    through attention into the LSTM, the MLPs or the embeddings.
     """
 
     def __init__(self, cfg: ModelConfig) -> None:
@@ -36,6 +39,7 @@ class Block(nn.Module):
             self.attn = CausalAttention(cfg)
             self.hook_attn_out = HookPoint()
             self.register_buffer("attn_gate", torch.ones(()))
+            self.attn_stopgrad = False
         self.ln_mlp = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
         self.hook_mlp_out = HookPoint()
@@ -46,7 +50,8 @@ class Block(nn.Module):
         if hasattr(self, "lstm"):
             x = x + self.hook_lstm_out(self.lstm(self.ln_lstm(x)))
         if hasattr(self, "attn"):
-            x = x + self.hook_attn_out(self.attn_gate * self.attn(self.ln_attn(x), positions))
+            attn_in = x.detach() if self.attn_stopgrad else x
+            x = x + self.hook_attn_out(self.attn_gate * self.attn(self.ln_attn(attn_in), positions))
         x = x + self.hook_mlp_out(self.mlp(self.ln_mlp(x)))
         return self.hook_resid_post(x)
 
@@ -117,6 +122,17 @@ class HookedSequenceModel(HookedRootModule):
     def attention_parameters(self) -> list[nn.Parameter]:
         """Parameters of the attention sublayers (and their pre-LN): what DAT holds back."""
         return [p for b in self.attention_blocks for m in (b.attn, b.ln_attn) for p in m.parameters()]
+
+    def set_attention_stopgrad(self, value: bool) -> None:
+        """Detach (True) or not the residual stream where it enters every attention sublayer (training only: the
+        forward values do not change)."""
+        for block in self.attention_blocks:
+            block.attn_stopgrad = bool(value)
+
+    def recurrent_parameters(self) -> list[nn.Parameter]:
+        """Parameters of the recurrent sublayers (the LSTMs and their pre-LN): what ``freeze_recurrent_after_switch``
+        holds fixed."""
+        return [p for b in self.blocks if hasattr(b, "lstm") for m in (b.lstm, b.ln_lstm) for p in m.parameters()]
 
     @property
     def lstm_layers(self) -> list[HookedLSTM]:
