@@ -57,7 +57,8 @@ class Checkpoint:
         if family != "hybrid":
             return family
         kind = self.schedule or "joint"
-        return "hybrid-" + ("dat" if kind == "delayed" else kind)
+        frozen_rnn = (self.train_config.get("schedule") or {}).get("freeze_recurrent_after_switch", False)
+        return "hybrid-" + ("dat" if kind == "delayed" else kind) + ("+frozen-rnn" if frozen_rnn else "")
 
     @property
     def seed(self) -> int | None:

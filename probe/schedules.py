@@ -9,7 +9,9 @@ from typing import Any
 
 from probe.errors import ProbeError
 
-KINDS = ("joint", "delayed", "ramp", "frozen", "adaptive")
+KINDS = ("joint", "delayed", "ramp", "frozen", "adaptive", "stopgrad")
+SWITCHED_KINDS = ("delayed", "ramp", "frozen", "adaptive")
+"""Kinds that need a switch step T > 0."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,13 @@ class ScheduleConfig:
     - ``adaptive``: like ``delayed``, switching when the state-subtask validation accuracy of the LSTM-only phase
       has not improved by ``min_delta`` for ``patience`` evaluations (or reached ``target``), at the latest at
       ``switch`` (the cap); never before ``min_switch``.
+    - ``stopgrad``: gate 1 and attention trains from step 0, but the residual stream is detached where it enters
+      each attention sublayer, so no gradient reaches the LSTMs, MLPs or embeddings through attention (the causal
+      test of "attention's gradients pollute the LSTM"). With ``switch`` > 0 the detach lasts until T only, then the
+      full gradient flows.
+
+    ``freeze_recurrent_after_switch`` (any kind with a switch): from T on, the recurrent sublayers (LSTM and its
+    pre-LN) stop training, so phase 2 cannot co-adapt the LSTM; embeddings, MLPs and attention still train.
     """
 
     kind: str = "joint"
@@ -32,14 +41,27 @@ class ScheduleConfig:
     min_delta: float = 0.002
     target: float = 0.999
     min_switch: float = 0.1
+    freeze_recurrent_after_switch: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ProbeError(f"unknown schedule {self.kind!r}; choose one of {', '.join(KINDS)}")
-        if self.switch < 0 or self.ramp_window < 0:
-            raise ProbeError("schedule switch and ramp_window must be non-negative")
-        if self.kind in ("delayed", "ramp", "frozen", "adaptive") and self.switch == 0:
+        for name in ("switch", "ramp_window", "min_switch"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+                raise ProbeError(f"schedule.{name} must be a non-negative number, got {value!r}")
+        if self.kind in SWITCHED_KINDS and self.switch == 0:
             raise ProbeError(f"schedule {self.kind} needs a switch step or fraction > 0")
+        if not isinstance(self.freeze_recurrent_after_switch, bool):
+            raise ProbeError("schedule.freeze_recurrent_after_switch must be true or false")
+        if self.freeze_recurrent_after_switch and (self.kind not in SWITCHED_KINDS and
+                                                   not (self.kind == "stopgrad" and self.switch > 0)):
+            raise ProbeError(f"schedule {self.kind} has no switch: freeze_recurrent_after_switch needs one")
+
+    @property
+    def name(self) -> str:
+        """The variant's name as recorded in tables: the kind, plus ``+frozen-rnn`` when the LSTM stops at T."""
+        return self.kind + ("+frozen-rnn" if self.freeze_recurrent_after_switch else "")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -58,6 +80,11 @@ class Schedule:
         self.switch_step = 0 if cfg.kind == "joint" else _steps(cfg.switch, total_steps)
         self.window = _steps(cfg.ramp_window, total_steps)
         self.min_switch = _steps(cfg.min_switch, total_steps)
+        if cfg.kind in ("delayed", "ramp", "frozen") and self.switch_step >= total_steps:
+            raise ProbeError(
+                f"schedule {cfg.kind}: attention would switch on at step {self.switch_step}, after the last step "
+                f"({total_steps}); give schedule.switch as a fraction (e.g. 0.44) or train longer"
+            )
         self.switched_at = switched_at
         self._best = -1.0
         self._stale = 0
@@ -77,10 +104,19 @@ class Schedule:
             if step < t:
                 return 0.0
             return 1.0 if self.window == 0 else min(1.0, (step - t + 1) / self.window)
+        if kind == "stopgrad":
+            return 1.0
         return 1.0 if step >= t else 0.0
 
     def attention_trains(self, step: int) -> bool:
-        return self.cfg.kind == "joint" or step >= self.effective_switch
+        return self.cfg.kind in ("joint", "stopgrad") or step >= self.effective_switch
+
+    def stopgrad(self, step: int) -> bool:
+        """Whether the stream entering attention is detached at ``step`` (``stopgrad`` only; until T if T > 0)."""
+        return self.cfg.kind == "stopgrad" and (self.switch_step == 0 or step < self.switch_step)
+
+    def recurrent_trains(self, step: int) -> bool:
+        return not (self.cfg.freeze_recurrent_after_switch and step >= self.effective_switch)
 
     def observe(self, step: int, state_accuracy: float) -> bool:
         """Feed a validation accuracy (adaptive only). Returns True if this observation switches attention on."""

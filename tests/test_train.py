@@ -12,7 +12,7 @@ import time
 import pytest
 import torch
 
-from probe.checkpoint import load_checkpoint
+from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.errors import ProbeError
 from probe.models import ModelConfig
 from probe.schedules import Schedule, ScheduleConfig
@@ -179,3 +179,144 @@ def test_shipped_checkpoint_was_trained_with_the_committed_preset(preset):
     shipped = TrainConfig.from_dict(ckpt.train_config)
     assert dataclasses.replace(shipped, threads=1) == dataclasses.replace(train_cfg, threads=1)
     assert ckpt.step == train_cfg.steps
+
+
+# --- the mechanism study's variants: each tested for exactly the property it claims ---------------------------
+
+
+def _one_step_grads(trainer: Trainer, step: int) -> dict[str, torch.Tensor]:
+    """Gradients of one training step (no optimizer update), as the trainer computes them at ``step``."""
+    trainer.optimizer.step = lambda *a, **k: None  # keep the weights: we only read the gradients
+    trainer.train_step(step)
+    return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.grad is not None}
+
+
+def test_stopgrad_lstm_gradient_is_the_recurrent_path_and_attention_still_learns(tmp_path):
+    """``stopgrad``: the LSTM's gradient equals g_rec of the gradient decomposition (attention's inputs detached),
+    which differs from the full gradient, and attention's own weights still get gradient."""
+    from probe.gradients import attention_inputs_detached, lstm_parameters
+
+    cfg = tiny_cfg(schedule=ScheduleConfig(kind="stopgrad"), grad_clip=1e9)
+    trainer = Trainer(MODEL, TASK, cfg, tmp_path, progress=False)
+    grads = _one_step_grads(trainer, 3)
+    model = trainer.model
+    model.set_attention_stopgrad(False)
+    g = torch.Generator().manual_seed(3 + 1_000_003 * cfg.seed)
+    length = int(torch.randint(1, TASK.train_length + 1, (1,), generator=g))
+    batch = TASK.sample(length, cfg.batch_size, g)
+    lstm = lstm_parameters(model)[0]
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def grad_of(detached: bool) -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        if detached:
+            with attention_inputs_detached(model):
+                loss = model(batch.tokens, labels=batch.labels)
+        else:
+            loss = model(batch.tokens, labels=batch.labels)
+        return list(torch.autograd.grad(loss, lstm))
+
+    g_rec, g_full = grad_of(True), grad_of(False)
+    for p, rec, full in zip(lstm, g_rec, g_full, strict=True):
+        torch.testing.assert_close(grads[names[id(p)]], rec, rtol=1e-4, atol=1e-7)
+        assert (full - rec).norm() > 1e-3 * full.norm(), "attention must carry gradient to the LSTM when not stopped"
+    attn = [names[id(p)] for p in model.attention_parameters() if p.dim() == 2]
+    assert attn and all(grads[n].norm() > 0 for n in attn)
+
+
+def test_stopgrad_with_a_switch_detaches_until_the_switch_only():
+    s = Schedule(ScheduleConfig(kind="stopgrad", switch=0.5), total_steps=6)
+    assert [s.stopgrad(t) for t in range(6)] == [True] * 3 + [False] * 3
+    assert all(s.gate(t) == 1 and s.attention_trains(t) for t in range(6))
+    always = Schedule(ScheduleConfig(kind="stopgrad"), total_steps=6)
+    assert all(always.stopgrad(t) for t in range(6))
+    assert not any(Schedule(ScheduleConfig(kind="joint"), 6).stopgrad(t) for t in range(6))
+
+
+def test_freeze_recurrent_after_switch_holds_the_lstm_and_trains_the_rest(tmp_path):
+    sched = ScheduleConfig(kind="delayed", switch=20, freeze_recurrent_after_switch=True)
+    trainer = Trainer(MODEL, TASK, tiny_cfg(steps=40, schedule=sched), tmp_path, progress=False)
+    snap = {}
+    for step in range(40):
+        if step in (0, 20):
+            snap[step] = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+        trainer.train_step(step)
+        trainer.step = step + 1
+    end = dict(trainer.model.named_parameters())
+    rnn = [n for n in end if ".lstm." in n or ".ln_lstm." in n]
+    attn = [n for n in end if ".attn." in n]
+    assert all(not torch.equal(snap[0][n], snap[20][n]) for n in rnn if "weight" in n), "LSTM trains before T"
+    assert all(torch.equal(snap[20][n], end[n]) for n in rnn), "LSTM is frozen from T on"
+    assert all(torch.equal(snap[0][n], snap[20][n]) for n in attn), "attention is held before T (delayed)"
+    assert any(not torch.equal(snap[20][n], end[n]) for n in attn), "attention trains after T"
+    assert not torch.equal(snap[20]["unembed.weight"], end["unembed.weight"])
+
+
+def test_variants_are_recorded_by_name_and_checked(tmp_path):
+    sched = ScheduleConfig(kind="delayed", switch=20, freeze_recurrent_after_switch=True)
+    final = train(MODEL, TASK, tiny_cfg(schedule=sched), tmp_path / "a", progress=False)
+    assert final.label == "hybrid-dat+frozen-rnn"
+    final = train(MODEL, TASK, tiny_cfg(schedule=ScheduleConfig(kind="stopgrad")), tmp_path / "b", progress=False)
+    assert final.label == "hybrid-stopgrad"
+    with pytest.raises(ProbeError, match="no switch"):
+        ScheduleConfig(kind="joint", freeze_recurrent_after_switch=True)
+    with pytest.raises(ProbeError, match="after the last step"):
+        Schedule(ScheduleConfig(kind="delayed", switch=2000), total_steps=50)
+
+
+def test_trajectory_snapshots_carry_the_lstm_second_moments(tmp_path):
+    train(MODEL, TASK, tiny_cfg(), tmp_path, progress=False)
+    first = load_checkpoint(tmp_path / "trajectory" / "step_000000.pt")
+    later = load_checkpoint(tmp_path / "trajectory" / "step_000020.pt")
+    assert "lstm_adam" not in first.extra, "no optimizer state exists before the first step"
+    adam = later.extra["lstm_adam"]
+    assert adam["step"] == 20 and 0 < adam["beta2"] < 1 and adam["eps"] > 0
+    weights = {n for n in later.state_dict if ".lstm.rnn." in n}
+    assert set(adam["exp_avg_sq"]) == weights
+    assert all(v.dtype == torch.bfloat16 and (v.float() > 0).any() for v in adam["exp_avg_sq"].values())
+
+
+def test_bf16_precision_trains_with_fp32_weights_and_is_recorded(tmp_path):
+    final = train(MODEL, TASK, tiny_cfg(precision="bf16", steps=20), tmp_path, progress=False)
+    assert final.train_config["precision"] == "bf16"
+    assert all(v.dtype == torch.float32 for v in final.state_dict.values() if v.is_floating_point())
+    assert final.metrics["loss"] == final.metrics["loss"]  # finite, not NaN
+    with pytest.raises(ProbeError, match="precision"):
+        TrainConfig(precision="fp8")
+
+
+@pytest.mark.parametrize("flag,message", [
+    (["--steps", "0"], "train.steps must be a positive integer"),
+    (["--steps", "-5"], "train.steps must be a positive integer"),
+    (["--set", "model.d_model=abc"], "model.d_model='abc': expected int"),
+    (["--set", "model.width=3"], "no such field"),
+    (["--preset", "hybrid-dat", "--steps", "50"], "after the last step"),
+])
+def test_bad_training_flags_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, flag, message):
+    out = tmp_path / "run"
+    assert main([*flag, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def test_resume_reads_its_configs_from_last_pt_and_names_a_conflicting_flag(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["--resume", "--out", str(out)]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    overrides = ["model.d_model=16", "model.n_layers=1", "task.train_length=6", "train.batch_size=8",
+                 "train.eval_every=30", "train.eval_samples=8", "train.traj_every=30", "train.warmup=5"]
+    trainer = Trainer(*build_configs("hybrid-joint", "interleaved", overrides, steps=30, seed=0), out,
+                      progress=False)
+    trainer.out.mkdir(parents=True)
+    for step in range(10):
+        trainer.train_step(step)
+        trainer.step = step + 1
+    save_checkpoint(out / "last.pt", trainer.checkpoint())
+    assert main(["--resume", "--out", str(out), "--set", "train.lr=0.5", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "train.lr is 0.002 in the checkpoint" in err and err.count("\n") == 1
+    assert main(["--resume", "--out", str(out), "--preset", "lstm", "--no-progress"]) == 2
+    assert "the run is hybrid-joint" in capsys.readouterr().err
+    assert main(["--resume", "--out", str(out), "--steps", "30", "--no-progress"]) == 0
+    assert load_checkpoint(out / "final.pt").step == 30
