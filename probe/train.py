@@ -177,6 +177,10 @@ class Trainer:
         self.out = Path(out)
         self.device = torch.device(device)
         self.progress = progress
+        if self.device.type == "cuda" and cfg.precision == "fp32":
+            # fp32 means fp32: cuDNN (the LSTM) would otherwise run its matmuls in TF32 (10-bit mantissa)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         torch.manual_seed(cfg.seed)
         self.model = HookedSequenceModel(model_cfg).to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
