@@ -3,13 +3,22 @@ read with ``torch.load(weights_only=True)``, and validated with one-line errors 
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 import pickle
+import pickletools
+import re
+import struct
 import tempfile
+import warnings
 import zipfile
+import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 
@@ -94,6 +103,8 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     }
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates the file 0600; a checkpoint is shared data, so give it what open() would: 0666 - umask
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             torch.save(payload, f)
             f.flush()
@@ -106,56 +117,239 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     return path
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> Checkpoint:
-    """Read and validate a checkpoint. Every failure is a ``CheckpointError`` whose one-line message names the file."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"{path}: no such file")
-    if path.is_dir():
-        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"{path}: empty file, not a checkpoint")
+def _umask() -> int:
+    mask = os.umask(0o022)  # the only portable way to read the umask is to set it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def load_checkpoint(source: str | os.PathLike | BinaryIO, map_location: str | torch.device = "cpu") -> Checkpoint:
+    """Read and validate a checkpoint from a path or a binary file object (``io.BytesIO(data)`` works).
+
+    Every failure is a ``CheckpointError`` whose one-line message names the file, what is wrong with it and the
+    fix: missing, empty, not a torch file (text, JSON, random bytes), truncated, a zip without torch's members, a
+    pickle that holds Python objects or code, a torch file that is not a probe checkpoint, a newer format.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.exists():
+            raise CheckpointError(f"{path}: no such file")
+        if path.is_dir():
+            raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+        if path.stat().st_size == 0:
+            raise CheckpointError(f"{path}: empty file, not a checkpoint")
+        try:
+            f = path.open("rb")
+        except OSError as e:
+            raise CheckpointError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
+        with f:
+            obj = _load_payload(f, str(path), map_location)
+        return checkpoint_from_payload(obj, path)
+    named = Path(source.name) if isinstance(getattr(source, "name", None), str) else None
+    if not source.seekable():  # recognising the format reads ahead and rewinds
+        source = io.BytesIO(source.read())
+    obj = _load_payload(source, str(named or "<stream>"), map_location)
+    return checkpoint_from_payload(obj, named)
+
+
+# --- telling a bad file apart ----------------------------------------------------------------------------
+_FIX = "pass a .pt file written by probe (python -m probe.train or probe.checkpoint.save_checkpoint)"
+_RECOPY = "copy or download it again, or re-save it"
+_PLAIN_PICKLE = f"not a checkpoint: a Python pickle of plain data, not a torch file; {_FIX}"
+_ZIP_MAGIC = b"PK\x03\x04"  # what torch.save writes first; torch itself looks only here (torch.serialization)
+_TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C  # first pickle of torch's pre-1.6 format
+_SCAN_LIMIT = 64 << 20  # bytes read to recognise a pickle; a legacy torch file's first pickle is tiny
+_OBJECT_OPCODES = {"INST", "OBJ", "BUILD", "NEWOBJ", "NEWOBJ_EX", "EXT1", "EXT2", "EXT4"}
+# the globals through which old pickle protocols spell plain values (bytes, sets): data, not objects
+_PLAIN_GLOBALS = {f"{m}.{n}" for m in ("builtins", "__builtin__") for n in ("bytes", "bytearray", "set", "frozenset")}
+_PLAIN_GLOBALS.add("_codecs.encode")
+_OTHER_FORMATS = ((b"\x1f\x8b", "gzip-compressed data (decompress it first)"), (b"\x93NUMPY", "a numpy .npy array"),
+                  (b"\x89HDF", "an HDF5 file"), (b"PK\x05\x06", "an empty zip archive"))
+
+
+@dataclass
+class _Pickle:
+    """What a well-formed pickle references, read without running it."""
+
+    first: Any  # the first opcode's argument: the whole value of a one-int pickle such as torch's legacy magic
+    globals: list[str]  # module.name of each global it would import ("?" where the name is computed)
+    objects: bool  # builds or calls Python objects (what weights_only refuses unless torch allows the global)
+
+
+def _scan_pickle(data: bytes) -> _Pickle | None:
+    """The first pickle in ``data``, or None when the bytes are not a well-formed pickle.
+
+    ``pickletools.dis`` checks opcodes, arguments, the stack and the memo, so text or random bytes rarely pass.
+    It reports malformed input with assorted exception types, all of which mean "not a pickle"."""
     try:
-        obj = torch.load(path, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if "weights only" in str(e).lower() or "weights_only" in str(e).lower():
-            raise CheckpointError(
-                f"{path}: refused to load: it holds Python objects or code, not plain data (a checkpoint is data)"
-            ) from None
-        raise CheckpointError(f"{path}: not a checkpoint: unreadable pickle ({reason})") from None
-    except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as e:
-        lines = str(e).strip().splitlines()
-        reason = lines[0] if lines else type(e).__name__
-        raise CheckpointError(f"{path}: truncated or not a torch file ({reason})") from None
-    return checkpoint_from_payload(obj, path)
+        pickletools.dis(io.BytesIO(data), out=io.StringIO())
+        ops = list(pickletools.genops(io.BytesIO(data)))
+    except (ValueError, EOFError, OverflowError, MemoryError, struct.error, UnicodeError, IndexError, KeyError,
+            TypeError):
+        return None
+    names, strings = [], []
+    for op, arg, _ in ops:
+        if isinstance(arg, str):
+            strings.append(arg)
+        if op.name in ("GLOBAL", "INST"):
+            names.append(str(arg).replace(" ", "."))
+        elif op.name == "STACK_GLOBAL":
+            names.append(".".join(strings[-2:]) if len(strings) >= 2 else "?")
+    first = ops[0][1] if ops and ops[0][0].name != "PROTO" else (ops[1][1] if len(ops) > 1 else None)
+    objects = any(op.name in _OBJECT_OPCODES for op, _, _ in ops) or bool(set(names) - _PLAIN_GLOBALS)
+    return _Pickle(first, names, objects)
+
+
+def _reason(e: BaseException) -> str:
+    """The gist of a library's message: its first sentence of its first line, without terminal colour codes."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    return first.split(". ")[0].rstrip(".")[:120]
+
+
+def _what_is(head: bytes, size: int) -> str:
+    """A name for bytes that are neither a zip nor a pickle: text, JSON, a known binary format, or binary data."""
+    for magic, what in _OTHER_FORMATS:
+        if head.startswith(magic):
+            return what
+    if len(head) >= 10 and head[8:10] == b'{"' and int.from_bytes(head[:8], "little") < size:
+        return "a safetensors file (probe reads torch checkpoints, which carry the configs safetensors lacks)"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        text = head[: e.start].decode("utf-8") if e.start >= len(head) - 3 and e.start > 0 else ""
+    if not text or "\x00" in text or sum(not (c.isprintable() or c.isspace()) for c in text) > len(text) // 20:
+        return f"{size} bytes of binary data, neither a torch file (a zip) nor a pickle"
+    if not text.strip():
+        return "a text file of blank space, not a torch file"
+    start = text.lstrip()[:30].splitlines()[0]
+    if text.lstrip()[:1] in ("{", "[") and len(head) == size:
+        try:
+            json.loads(text)
+            return f"a JSON file (starts {start!r}), not a torch file"
+        except ValueError:
+            pass
+    return f"a text file (starts {start!r}), not a torch file"
+
+
+def _load_payload(f: BinaryIO, name: str, map_location: str | torch.device) -> Any:
+    """``torch.load(f, weights_only=True)``, with every way it can fail turned into one line that names the cause.
+
+    The format is recognised before torch reads anything, because torch's own errors on a bad file are multi-line,
+    misleading (a text file gives ``KeyError: 101``; random bytes are said to hold Python objects) or both."""
+    start = f.tell()
+    size = f.seek(0, os.SEEK_END) - start
+    if size == 0:
+        raise CheckpointError(f"{name}: empty file, not a checkpoint; {_FIX}")
+    f.seek(start)
+    magic = f.read(len(_ZIP_MAGIC))
+    is_zip = _ZIP_MAGIC.startswith(magic)  # a file cut inside the magic itself is a truncated zip too
+    f.seek(start)
+    if is_zip:
+        pkl = _check_zip(f, name, size)
+    else:
+        head = f.read(_SCAN_LIMIT)
+        scan = _scan_pickle(head)
+        if scan is None:
+            raise CheckpointError(f"{name}: not a checkpoint: {_what_is(head, size)}; {_FIX}")
+        # Only torch's old format starts with a pickle (of its magic number); any other pickle is refused here,
+        # the same way whatever its protocol (torch's unpickler reads some protocols' opcodes and not others).
+        if scan.first != _TORCH_LEGACY_MAGIC:
+            raise CheckpointError(f"{name}: {_refusal(scan.globals) if scan.objects else _PLAIN_PICKLE}")
+    f.seek(start)
+    try:
+        with warnings.catch_warnings():
+            # torch warns on stderr about pickle protocols > 2; the verdict below says what matters in one line
+            warnings.simplefilter("ignore")
+            return torch.load(f, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch's unpickler raises arbitrary exception types on malformed data
+        if is_zip:  # scanned only now: a good checkpoint's loading should not pay for it
+            f.seek(start)
+            with _zip(f, name, size) as zf:
+                scan = _scan_pickle(zf.read(pkl))
+        raise CheckpointError(f"{name}: {_verdict(e, scan, is_zip)}") from None
+
+
+@contextlib.contextmanager
+def _zip(f: BinaryIO, name: str, size: int) -> Iterator[zipfile.ZipFile]:
+    """The zip archive in ``f``; one that cannot be read was cut short (or damaged)."""
+    try:
+        with zipfile.ZipFile(f) as zf:
+            yield zf
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, struct.error,
+            NotImplementedError, zlib.error):
+        # a torch file ends with the zip's central directory: a file cut short has none
+        raise CheckpointError(f"{name}: truncated or damaged torch file ({size} bytes; the zip archive inside is "
+                              f"incomplete); {_RECOPY}") from None
+
+
+def _check_zip(f: BinaryIO, name: str, size: int) -> str:
+    """The name of the zip's ``data.pkl`` (torch's pickle); refuse a zip that is cut short or has none."""
+    with _zip(f, name, size) as zf:
+        members = zf.namelist()
+    pkl = next((m for m in members if m == "data.pkl" or m.endswith("/data.pkl")), None)
+    if pkl is None:
+        shown = ", ".join(members[:4]) + (", ..." if len(members) > 4 else "") if members else "nothing"
+        raise CheckpointError(f"{name}: not a checkpoint: a zip archive without torch's data.pkl (it holds "
+                              f"{shown}); {_FIX}")
+    return pkl
+
+
+def _verdict(e: Exception, scan: _Pickle | None, is_zip: bool) -> str:
+    """Why torch.load failed on a file that looked like a zip or a pickle."""
+    refused = isinstance(e, pickle.UnpicklingError) and "weights only" in str(e).lower().replace("_", " ")
+    if refused and scan is not None and scan.objects:
+        culprit = re.search(r"GLOBAL ([\w.]+)", str(e))
+        return _refusal([culprit.group(1)] if culprit else scan.globals)
+    if scan is None:
+        return f"damaged torch file (its data.pkl is not a valid pickle); {_RECOPY}"
+    if refused:
+        return f"not a checkpoint: a torch file whose pickle torch's safe loader does not read; {_FIX}"
+    return f"{'' if is_zip else 'truncated or '}damaged torch file ({_reason(e)}); {_RECOPY}"
+
+
+def _refusal(globals_: list[str]) -> str:
+    names = list(dict.fromkeys(globals_))
+    what = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "") if names else "objects it builds"
+    return (f"refused to load: it holds Python objects or code ({what}), not plain data, and a checkpoint is data; "
+            f"{_FIX}")
 
 
 def checkpoint_from_payload(obj: Any, path: Path | None = None) -> Checkpoint:
     name = str(path) if path else "<checkpoint>"
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-        raise CheckpointError(f"{name}: not a probe checkpoint (a torch file without probe's format marker)")
+        holds = (f"a dict of {', '.join(repr(k)[:40] for k in list(obj)[:4])}{', ...' if len(obj) > 4 else ''}"
+                 if isinstance(obj, dict) and obj else f"a {type(obj).__name__}")
+        raise CheckpointError(f"{name}: not a probe checkpoint: a torch file ({holds}) without probe's format "
+                              f"marker; {_FIX}")
     version = obj.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CheckpointError(f"{name}: damaged probe checkpoint (format_version is {version!r}); {_RECOPY}")
+    if version > FORMAT_VERSION:
         raise CheckpointError(
             f"{name}: written in checkpoint format {version} by probe {obj.get('probe_version')}; "
             f"this probe ({__version__}) reads format <= {FORMAT_VERSION}: upgrade probe"
         )
     missing = [k for k in ("model_config", "task_config", "state_dict") if k not in obj]
     if missing:
-        raise CheckpointError(f"{name}: incomplete checkpoint, missing {', '.join(missing)}")
+        raise CheckpointError(f"{name}: incomplete checkpoint, missing {', '.join(missing)}; {_RECOPY}")
+    state_dict = obj["state_dict"]
+    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise CheckpointError(f"{name}: damaged checkpoint (state_dict is not a dict of tensors); {_RECOPY}")
     try:
         model_config = ModelConfig.from_dict(obj["model_config"])
         task_config = task_from_dict(obj["task_config"])
-    except (ProbeError, TypeError) as e:
-        raise CheckpointError(f"{name}: incompatible config ({e})") from None
+        step = int(obj.get("step", 0))
+    except (ProbeError, TypeError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"{name}: incompatible config ({_reason(e)}), written by probe "
+                              f"{obj.get('probe_version')}: read it with that version") from None
     return Checkpoint(
         path=path,
         model_config=model_config,
         task_config=task_config,
-        state_dict=obj["state_dict"],
+        state_dict=state_dict,
         train_config=obj.get("train_config") or {},
-        step=int(obj.get("step", 0)),
+        step=step,
         optimizer_state=obj.get("optimizer_state"),
         metrics=obj.get("metrics") or {},
         extra=obj.get("extra") or {},
@@ -168,12 +362,26 @@ def checkpoint_from_model(model: HookedSequenceModel, task: TaskConfig, **fields
     return Checkpoint(path=None, model_config=model.cfg, task_config=task, state_dict=model.state_dict(), **fields)
 
 
-def resolve_checkpoints(specs: list[str]) -> list[Path]:
-    """Expand CLI arguments (files, directories of ``*.pt``, globs) into checkpoint paths, in sorted order."""
+def resolve_checkpoints(specs: list[str], note: Callable[[str], None] | None = None) -> list[Path]:
+    """Expand CLI arguments (files, directories, globs) into checkpoint paths, in sorted order.
+
+    A training run's folder (it holds ``final.pt`` or ``last.pt``) stands for one checkpoint: ``final.pt``, or
+    ``last.pt`` while the run has not finished; ``note`` hears which. Any other folder (``checkpoints/``, a
+    trajectory) stands for every ``*.pt`` in it."""
     out: list[Path] = []
     for spec in specs:
         p = Path(spec)
         if p.is_dir():
+            final, last = p / "final.pt", p / "last.pt"
+            if final.exists() or last.exists():
+                chosen = final if final.exists() else last
+                out.append(chosen)
+                if note and chosen == final:
+                    note(f"{p}: a training run: using final.pt" + (" (last.pt is the same run's resume point)"
+                                                                    if last.exists() else ""))
+                elif note:
+                    note(f"{p}: a training run without final.pt (not finished?): using last.pt")
+                continue
             found = sorted(p.glob("*.pt"))
             if not found:
                 raise CheckpointError(f"{p}: directory holds no *.pt checkpoints")
