@@ -19,7 +19,8 @@ import torch
 from probe.checkpoint import load_checkpoint, resolve_checkpoints
 from probe.cli import add_common_args, envelope, resolve_device, run_cli, say
 from probe.errors import ProbeError
-from probe.models import HookedSequenceModel
+from probe.memory import fit_batch_size
+from probe.models import HookedSequenceModel, ModelConfig
 from probe.tasks import SUBTASKS, TaskConfig
 
 if TYPE_CHECKING:
@@ -36,13 +37,18 @@ def eval_seed(seed: int, length: int, chunk: int) -> int:
 @torch.no_grad()
 def accuracy_at_length(
     model: HookedSequenceModel, task: TaskConfig, length: int, n_samples: int = 256, batch_size: int = 256,
-    seed: int = 0, device: torch.device | str | None = None,
+    seed: int = 0, device: torch.device | str | None = None, forward_batch: int | None = None,
 ) -> dict[str, dict[str, float]]:
     """Token and sequence accuracy per subtask (and ``all``) on ``n_samples`` fresh sequences of one length.
 
+    Sequences are drawn ``batch_size`` at a time and run through the model ``forward_batch`` at a time (default:
+    all at once), so the draws, and the numbers, do not depend on how much memory the forward pass may use.
     Sequence accuracy of a subtask counts only sequences that ask that subtask at least once (NaN if none does).
     """
+    if n_samples < 1 or batch_size < 1:
+        raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
     device = device or next(model.parameters()).device
+    step = forward_batch or batch_size
     right = {s: 0 for s in (*SUBTASKS, "all")}
     asked = dict(right)
     seq_right = dict(right)
@@ -51,7 +57,8 @@ def accuracy_at_length(
     while done < n_samples:
         b = min(batch_size, n_samples - done)
         batch = task.sample(length, b, eval_seed(seed, length, chunk)).to(device)
-        correct = model(batch.tokens).argmax(-1) == batch.labels
+        pred = torch.cat([model(batch.tokens[i:i + step]).argmax(-1) for i in range(0, b, step)])
+        correct = pred == batch.labels
         masks = {**batch.masks, "all": batch.answer_mask}
         for s, mask in masks.items():
             right[s] += int((correct & mask).sum())
@@ -73,20 +80,39 @@ def accuracy_at_length(
 
 def length_curve(
     model: HookedSequenceModel, task: TaskConfig, lengths: Iterable[int], n_samples: int = 256,
-    batch_size: int = 256, seed: int = 0, progress: bool = False,
+    batch_size: int = 256, seed: int = 0, progress: bool = False, desc: str = "lengths",
 ) -> pd.DataFrame:
-    """One row per (length, subtask): ``length, subtask, token_acc, seq_acc, n_tokens``."""
+    """One row per (length, subtask): ``length, subtask, token_acc, seq_acc, n_tokens``.
+
+    Each length's forward passes use the largest sub-batch that fits in memory (``probe.memory``); a length at
+    which not even one sequence fits raises ``ProbeError`` before anything runs."""
     lengths = list(lengths)
+    device = next(model.parameters()).device
+    check_lengths(model.cfg, task, lengths, device)
     rows: list[dict[str, Any]] = []
     it: Iterable[int] = lengths
     if progress:
         from tqdm import tqdm
 
-        it = tqdm(lengths, desc="lengths", leave=False)
+        it = tqdm(lengths, desc=desc, leave=False, file=sys.stderr)
     for length in it:
-        for subtask, acc in accuracy_at_length(model, task, length, n_samples, batch_size, seed).items():
+        fits = fit_batch_size(model.cfg, length, batch_size, device, prefix=task.prefix_len)
+        for subtask, acc in accuracy_at_length(model, task, length, n_samples, batch_size, seed,
+                                               forward_batch=fits).items():
             rows.append({"length": length, "subtask": subtask, **acc})
     return pd.DataFrame(rows)
+
+
+def check_lengths(cfg: ModelConfig, task: TaskConfig, lengths: Sequence[int], device: torch.device | str) -> None:
+    """Refuse, before any work, a length the model cannot take: beyond a learned position table, or so long that
+    one sequence's forward pass would not fit in memory."""
+    if not lengths:
+        raise ProbeError("no lengths to evaluate")
+    longest = max(lengths)
+    if cfg.pos_encoding == "learned" and task.prefix_len + longest > cfg.max_len:
+        raise ProbeError(f"length {longest} needs {task.prefix_len + longest} positions, beyond the model's learned "
+                         f"table of {cfg.max_len}: use lengths up to {cfg.max_len - task.prefix_len}")
+    fit_batch_size(cfg, longest, 1, device, prefix=task.prefix_len)
 
 
 def lengthgen_score(curve: pd.DataFrame, train_length: int, factor: int = 3) -> dict[str, float]:
@@ -97,16 +123,22 @@ def lengthgen_score(curve: pd.DataFrame, train_length: int, factor: int = 3) -> 
 
 def parse_lengths(spec: str) -> list[int]:
     """``"1:100"`` (inclusive), ``"1:100:5"`` or ``"25,50,75"``."""
+    usage = "use START:STOP[:STEP] such as 1:100, or a comma list such as 25,50,75"
+    if not spec.strip():
+        raise ProbeError(f"empty --lengths: {usage}")
     try:
         if ":" in spec:
             parts = [int(p) for p in spec.split(":")]
-            start, stop = parts[0], parts[1]
-            step = parts[2] if len(parts) > 2 else 1
+            if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] < 1):
+                raise ValueError
+            start, stop, step = parts[0], parts[1], parts[2] if len(parts) == 3 else 1
             out = list(range(start, stop + 1, step))
+            if not out:
+                raise ProbeError(f"bad --lengths {spec!r}: an empty range (START is after STOP)")
         else:
             out = [int(p) for p in spec.split(",") if p.strip()]
     except ValueError:
-        raise ProbeError(f"bad --lengths {spec!r}: use START:STOP[:STEP] or a comma list such as 25,50,75") from None
+        raise ProbeError(f"bad --lengths {spec!r}: {usage}") from None
     if not out or min(out) < 1:
         raise ProbeError(f"bad --lengths {spec!r}: lengths must be positive integers")
     return out
@@ -124,12 +156,21 @@ def evaluate_checkpoints(paths: Sequence[str | Path], lengths: Sequence[int] | N
 
     Default lengths: 1 .. 4 x L_train of each checkpoint's task.
     """
+    if n_samples < 1 or batch_size < 1:
+        raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
+    # every file and every length is checked before any evaluation runs, so a bad one costs no time
+    ckpts = [load_checkpoint(path) for path in paths]
+    plans = [list(lengths) if lengths else list(range(1, 4 * c.task_config.train_length + 1)) for c in ckpts]
+    for ckpt, lens in zip(ckpts, plans, strict=True):
+        try:
+            check_lengths(ckpt.model_config, ckpt.task_config, lens, device)
+        except ProbeError as e:
+            raise ProbeError(f"{ckpt.path or ckpt.name}: {e}") from None
     frames = []
-    for path in paths:
-        ckpt = load_checkpoint(path)
+    for path, ckpt, lens in zip(paths, ckpts, plans, strict=True):
         model = ckpt.build_model(device)
-        lens = list(lengths) if lengths else list(range(1, 4 * ckpt.task_config.train_length + 1))
-        curve = length_curve(model, ckpt.task_config, lens, n_samples, batch_size, seed, progress)
+        curve = length_curve(model, ckpt.task_config, lens, n_samples, batch_size, seed, progress,
+                             desc=f"{ckpt.label} ({ckpt.name})")
         curve.insert(0, "checkpoint", str(path))
         curve.insert(1, "label", ckpt.label)
         curve.insert(2, "seed", ckpt.seed)
@@ -204,6 +245,10 @@ in token_acc (mean token accuracy over lengths in (L_train, 3 L_train]); control
 token_acc}: the accuracy of guessing uniformly."""
 
 
+def _note(text: str) -> None:
+    print(text, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m probe.evaluate", description=__doc__.split("\n\n")[0],
                                      epilog=_HELP_JSON)
@@ -214,8 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     add_common_args(parser)
 
     def body(args: argparse.Namespace) -> dict[str, Any]:
-        paths = resolve_checkpoints(args.checkpoints)
-        lengths = parse_lengths(args.lengths) if args.lengths else None
+        for flag, value in (("--samples", args.samples), ("--batch-size", args.batch_size)):
+            if value < 1:  # 0 samples gave "nan ± nan" and exit code 0
+                raise ProbeError(f"{flag} {value}: must be at least 1 (default 256)")
+        paths = resolve_checkpoints(args.checkpoints, note=None if args.json else _note)
+        lengths = parse_lengths(args.lengths) if args.lengths is not None else None
         curves = evaluate_checkpoints(paths, lengths, args.samples, args.batch_size, args.seed,
                                       resolve_device(args.device), progress=not args.json)
         sc = scores(curves)

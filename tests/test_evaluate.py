@@ -105,3 +105,85 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, make):
     assert main([str(target), "--json"]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.startswith("error: ") and captured.err.count("\n") == 1
+
+
+# --- bad arguments: one line, exit 2, nothing written ---------------------------------------------------------
+@pytest.mark.parametrize(("args", "words"), [
+    (["--samples", "0"], "--samples 0: must be at least 1"),
+    (["--batch-size", "-3"], "--batch-size -3: must be at least 1"),
+    (["--lengths", ""], "empty --lengths"),
+    (["--lengths", "9:2"], "an empty range"),
+    (["--lengths", "1:9:0"], "bad --lengths '1:9:0'"),
+    (["--lengths", "100000"], "length 100000 needs about"),
+])
+def test_cli_bad_arguments_exit_2_with_one_line_and_write_nothing(two_seeds, tmp_path, capsys, monkeypatch, args,
+                                                                   words):
+    monkeypatch.setattr("probe.memory.available_bytes", lambda device="cpu": 2**30)
+    out = tmp_path / "out"
+    assert main([str(two_seeds[0]), "--json", "--out", str(out), *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1 and words in captured.err, captured.err
+    assert not out.exists()
+
+
+def test_a_length_too_long_for_memory_is_refused_naming_the_longest_that_fits():
+    from probe.errors import ProbeError
+    from probe.memory import fit_batch_size, forward_cost
+
+    task = make_task("interleaved", train_length=4)
+    cfg = tiny_model("hybrid", task.vocab_size).cfg
+    budget = 2**30
+    with pytest.raises(ProbeError) as e:
+        fit_batch_size(cfg, 100_000, 256, prefix=task.prefix_len, available=budget)
+    msg = str(e.value)
+    assert "length 100000" in msg and "attention scores" in msg and "\n" not in msg, msg
+    longest = int(msg.rsplit("up to ", 1)[1])
+    assert fit_batch_size(cfg, longest, 256, prefix=task.prefix_len, available=budget) == 1
+    assert forward_cost(cfg, task.prefix_len + longest + 1).total > budget / 2
+    # shorter sequences get the largest sub-batch that fits, capped at what was asked for
+    b = fit_batch_size(cfg, longest // 4, 256, prefix=task.prefix_len, available=budget)
+    one = forward_cost(cfg, task.prefix_len + longest // 4).total
+    assert 1 < b < 256 and b * one <= budget / 2 < (b + 1) * one
+
+
+def test_memory_sub_batches_do_not_change_the_numbers(monkeypatch):
+    """When memory allows only a few sequences per forward pass, the same sequences are drawn and scored."""
+    from probe.evaluate import length_curve
+
+    task = make_task("interleaved", train_length=4)
+    model = tiny_model("hybrid", task.vocab_size)
+    full = length_curve(model, task, [6, 30], n_samples=24, batch_size=24)
+    sizes: list[int] = []
+    model.hook_embed.add_hook(lambda act, hook: sizes.append(act.shape[0]))
+    monkeypatch.setattr("probe.memory.available_bytes", lambda device="cpu": 1_000_000)
+    small = length_curve(model, task, [6, 30], n_samples=24, batch_size=24)
+    model.reset_hooks()
+    assert max(sizes) < 24 and sum(sizes) == 2 * 24, sizes
+    pd.testing.assert_frame_equal(full, small)
+
+
+def test_run_folder_evaluates_final_only_and_says_so(tmp_path, capsys):
+    task = make_task("interleaved", train_length=4)
+    run = tmp_path / "run"
+    for name in ("last.pt", "final.pt"):
+        save_checkpoint(run / name, checkpoint_from_model(tiny_model("hybrid", task.vocab_size), task))
+    assert main([str(run), "--lengths", "3", "--samples", "4"]) == 0
+    captured = capsys.readouterr()
+    assert "a training run: using final.pt" in captured.err
+    assert main([str(run), "--lengths", "3", "--samples", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoints"] == [str(run / "final.pt")]
+    (run / "final.pt").unlink()
+    assert main([str(run), "--lengths", "3", "--samples", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoints"] == [str(run / "last.pt")]
+
+
+def test_folder_of_shipped_checkpoints_evaluates_every_file(two_seeds, capsys):
+    assert main([str(two_seeds[0].parent), "--lengths", "3", "--samples", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["checkpoints"] == [str(p) for p in two_seeds]
+
+
+def test_progress_goes_to_stderr_and_json_stays_silent(two_seeds, capsys):
+    assert main([str(two_seeds[0]), "--lengths", "1:3", "--samples", "4"]) == 0
+    assert "hybrid-joint (s0.pt)" in capsys.readouterr().err
+    assert main([str(two_seeds[0]), "--lengths", "1:3", "--samples", "4", "--json"]) == 0
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,97 @@
+"""How much memory a forward pass needs, and the largest batch of one sequence length that fits in what is free."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from probe.errors import ProbeError
+from probe.models import ModelConfig
+
+SAFETY = 0.5
+"""Plan for at most this share of the free memory: the estimate ignores the allocator's slack and whatever else the
+process holds (the other checkpoints, pandas frames, figures)."""
+
+_FLOAT = 4  # bytes; models run in float32 for analysis
+
+
+def available_bytes(device: torch.device | str = "cpu") -> int:
+    """Memory free for new tensors on ``device``: CUDA's free memory, else the OS's available RAM."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free)
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except ImportError:
+        pass
+    try:  # Linux: MemAvailable counts reclaimable page cache, which SC_AVPHYS_PAGES does not
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """Peak activation bytes of one no-grad forward pass of one sequence, split by where they go."""
+
+    attention: int  # score, masked score and pattern tensors of one layer: H x T^2 each
+    tokens: int  # per-token activations: residual stream, LSTM gates, MLP hidden, logits
+
+    @property
+    def total(self) -> int:
+        return self.attention + self.tokens
+
+
+def forward_cost(cfg: ModelConfig, positions: int) -> ForwardCost:
+    """Bytes one sequence of ``positions`` tokens (prefix included) needs at the peak of a no-grad forward pass.
+
+    Layers run one after another and free their activations, so the peak is one layer's worth: attention holds
+    the raw scores, the masked scores and the softmax pattern around the softmax (measured: 2.6 of these
+    tensors at the peak on CPU; 3 are counted), and the per-token terms count every sublayer's output at once.
+    """
+    attention = 3 * cfg.n_heads * positions * positions * _FLOAT if cfg.has_attention else 0
+    per_token = 12 * cfg.d_model + 2 * cfg.mlp_dim + 2 * cfg.vocab_size
+    return ForwardCost(attention=attention, tokens=positions * per_token * _FLOAT)
+
+
+def _gb(n: float) -> str:
+    return f"{n / 2**30:.1f} GB" if n >= 2**28 else f"{n / 2**20:.0f} MB"
+
+
+def fit_batch_size(cfg: ModelConfig, length: int, want: int, device: torch.device | str = "cpu", prefix: int = 0,
+                   available: int | None = None) -> int:
+    """The largest sub-batch, at most ``want``, whose forward pass on sequences of stream length ``length`` (plus
+    ``prefix`` tokens, the task's dictionary) fits in ``SAFETY`` x the free memory.
+
+    Raises ``ProbeError`` naming the longest length that would fit when not even one sequence does."""
+    budget = SAFETY * (available_bytes(device) if available is None else available)
+    one = forward_cost(cfg, prefix + length)
+    if one.total <= budget:
+        return max(1, min(want, int(budget // one.total)))
+    longest = max(0, max_positions(cfg, budget) - prefix)
+    dominant = (f"{cfg.n_heads} heads x {prefix + length}^2 attention scores"
+                if one.attention > one.tokens else f"{prefix + length} tokens of activations")
+    raise ProbeError(
+        f"length {length} needs about {_gb(one.total)} for a single sequence ({dominant}), more than "
+        f"{SAFETY:.0%} of the {_gb(budget / SAFETY)} free on {torch.device(device)}: use lengths up to {longest}"
+    )
+
+
+def max_positions(cfg: ModelConfig, budget: float) -> int:
+    """The longest sequence (in tokens) whose single-sequence forward pass fits in ``budget`` bytes."""
+    lo, hi = 0, 1
+    while forward_cost(cfg, hi).total <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if forward_cost(cfg, mid).total <= budget else (lo, mid)
+    return lo
