@@ -238,6 +238,19 @@ def plot_length_curves(curves: pd.DataFrame, subtasks: Sequence[str] = SUBTASKS)
     return fig
 
 
+def evaluation_envelope(curves: pd.DataFrame, paths: Sequence[str | Path]) -> dict[str, Any]:
+    """The ``--json`` object of ``evaluate_checkpoints(paths)``: length rows, length-generalization score rows and
+    chance controls (see ``--help``)."""
+    rows = curves.drop(columns=["train_length"]).to_dict("records")
+    rows += [{"checkpoint": r.checkpoint, "label": r.label, "seed": r.seed, "length": None,
+              "subtask": r.subtask, "metric": "lengthgen_score", "token_acc": r.lengthgen_score,
+              "seq_acc": None} for r in scores(curves).itertuples()]
+    task = load_checkpoint(paths[0]).task_config
+    controls = [{"control": "chance", "subtask": "state", "token_acc": 1 / task.m},
+                {"control": "chance", "subtask": "recall", "token_acc": 1 / task.n_values}]
+    return envelope("evaluate", [str(p) for p in paths], rows, controls)
+
+
 # --- CLI ---------------------------------------------------------------------------------------------------
 _HELP_JSON = """JSON (--json): results rows {checkpoint, label, seed, length, subtask (state|recall|all), token_acc,
 seq_acc, n_tokens}, plus one row per checkpoint and subtask with length null, metric "lengthgen_score" and its value
@@ -266,16 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         lengths = parse_lengths(args.lengths) if args.lengths is not None else None
         curves = evaluate_checkpoints(paths, lengths, args.samples, args.batch_size, args.seed,
                                       resolve_device(args.device), progress=not args.json)
-        sc = scores(curves)
         say(args, summary_table(curves).to_string(index=False))
-        rows = curves.drop(columns=["train_length"]).to_dict("records")
-        rows += [{"checkpoint": r.checkpoint, "label": r.label, "seed": r.seed, "length": None,
-                  "subtask": r.subtask, "metric": "lengthgen_score", "token_acc": r.lengthgen_score,
-                  "seq_acc": None} for r in sc.itertuples()]
-        task = load_checkpoint(paths[0]).task_config
-        controls = [{"control": "chance", "subtask": "state", "token_acc": 1 / task.m},
-                    {"control": "chance", "subtask": "recall", "token_acc": 1 / task.n_values}]
-        result = envelope("evaluate", [str(p) for p in paths], rows, controls)
+        result = evaluation_envelope(curves, paths)
         if args.out:
             out = Path(args.out)
             out.mkdir(parents=True, exist_ok=True)
