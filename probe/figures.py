@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -212,18 +214,56 @@ FIGURES: list[FigureSpec] = [
 ]
 
 
-def write_index(out: Path, written: list[tuple[FigureSpec, list[str], float]], seed: int, total_s: float) -> None:
-    lines = ["# Figures", "",
-             f"Made by `python -m probe.figures --out {out}` (analysis seed {seed}) from the shipped checkpoints in "
-             f"`checkpoints/` (training seed 0) and `results/evaluate.json` (all trained seeds); "
-             f"the whole run took {total_s:.0f} s on one CPU core. Each row says which command computes the same "
-             "numbers.", "",
-             "| file | caption | same numbers from | inputs | seconds |", "|---|---|---|---|---|"]
-    for spec, files, secs in written:
+_INDEX_ROW = re.compile(r"^\| \[(?P<file>[^\]]+)\]\(.*\| (?P<secs>\d+|—) \|$")
+_FORMATS = ("png", "pdf", "svg")
+
+
+def _recorded_seconds(index: Path) -> dict[str, float]:
+    """The seconds column of an earlier index, by figure: a figure this run does not remake keeps its row."""
+    if not index.exists():
+        return {}
+    found = (_INDEX_ROW.match(line) for line in index.read_text().splitlines())
+    return {Path(m["file"]).stem: float(m["secs"]) for m in found if m and m["secs"] != "—"}
+
+
+def write_index(out: Path, made: dict[str, float], seed: int) -> None:
+    """``out/README.md``: one captioned row for every figure present in ``out``, in the order of ``FIGURES``, with
+    the seconds it took (this run's for those in ``made``, the earlier index's for the others)."""
+    before = _recorded_seconds(out / "README.md")
+    rows, total = [], 0.0
+    for spec in FIGURES:
+        files = [f"{spec.name}.{fmt}" for fmt in _FORMATS if (out / f"{spec.name}.{fmt}").exists()]
+        if not files:
+            continue
+        secs = made.get(spec.name, before.get(spec.name))
+        total += secs or 0.0
         links = ", ".join(f"[{f}]({f})" for f in files)
         caption = spec.caption.replace("|", "\\|")  # |g_att| would split the table cell
-        lines.append(f"| {links} | {caption} | `{spec.command}` | `{spec.inputs}` | {secs:.0f} |")
+        shown = "—" if secs is None else f"{secs:.0f}"
+        rows.append(f"| {links} | {caption} | `{spec.command}` | `{spec.inputs}` | {shown} |")
+    shown_out = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out.name
+    lines = ["# Figures", "",
+             f"Made by `python -m probe.figures --out {shown_out}` (analysis seed {seed}) from the shipped checkpoints "
+             f"in `checkpoints/` (training seed 0) and `results/evaluate.json` (all trained seeds); the figures "
+             f"below took {total:.0f} s on one CPU core (`--only NAME` remakes one and keeps the other rows). Each "
+             "row says which command computes the same numbers.", "",
+             "| file | caption | same numbers from | inputs | seconds |", "|---|---|---|---|---|", *rows]
     (out / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def _without_local_paths(fig: Figure, roots: list[Path]) -> None:
+    """Name checkpoints in figure text by their path inside the checkpoints folder (``hybrid-dat.pt``): where that
+    folder sits on the machine that drew the figure means nothing to its reader."""
+    from matplotlib.text import Text
+
+    prefixes = sorted({str(p) + os.sep for r in roots for p in (r, r.resolve()) if p.is_absolute()}, key=len,
+                      reverse=True)
+    for text in fig.findobj(Text):
+        s = text.get_text()
+        if any(p in s for p in prefixes):
+            for p in prefixes:
+                s = s.replace(p, "")
+            text.set_text(s)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -238,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="rerun the whole reproduction first (scripts/reproduce.py then scripts/ship.py)")
     parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
     parser.add_argument("--seed", type=int, default=0, help="seed of the analyses' random draws")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or per-figure lines on stderr")
     parser.add_argument("--quick", action="store_true",
                         help="tiny samples everywhere: checks the pipeline in seconds, numbers not for reporting")
 
@@ -261,24 +302,30 @@ def main(argv: list[str] | None = None) -> int:
                         args.quick)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        written, t_all = [], time.perf_counter()
+        made, n_files, t_all = {}, 0, time.perf_counter()
         import matplotlib.pyplot as plt
+        from tqdm import tqdm
 
-        for spec in specs:
+        # an analysis behind one figure can run for a minute: the bar names the figure being made meanwhile
+        bar = tqdm(specs, unit="figure", file=sys.stderr, disable=args.quiet)
+        for spec in bar:
+            bar.set_description(spec.name)
             t0 = time.perf_counter()
             fig = spec.make(inputs)
+            _without_local_paths(fig, [inputs.checkpoints, inputs.results, REPO])
             files = []
             for fmt in formats:
                 fig.savefig(out / f"{spec.name}.{fmt}", dpi=150 if fmt == "png" else None, bbox_inches="tight")
                 files.append(f"{spec.name}.{fmt}")
             plt.close(fig)
-            secs = time.perf_counter() - t0
-            written.append((spec, files, secs))
-            print(f"{spec.name:24s} {secs:6.1f} s  -> {', '.join(files)}", file=sys.stderr)
-        total = time.perf_counter() - t_all
-        if not args.only:
-            write_index(out, written, args.seed, total)
-        print(f"wrote {sum(len(f) for _, f, _ in written)} files to {out} in {total:.0f} s", file=sys.stderr)
+            made[spec.name] = time.perf_counter() - t0
+            n_files += len(files)
+            if not args.quiet:
+                bar.write(f"{spec.name:24s} {made[spec.name]:6.1f} s  -> {', '.join(files)}", file=sys.stderr)
+        write_index(out, made, args.seed)
+        if not args.quiet:
+            print(f"wrote {n_files} files and README.md to {out} in {time.perf_counter() - t_all:.0f} s",
+                  file=sys.stderr)
         return {}
 
     return run_cli(parser, body, argv, emits_json=False)

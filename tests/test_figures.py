@@ -33,7 +33,18 @@ def shipped(tmp_path_factory):
     return root
 
 
-def test_every_figure_and_the_index(shipped, tmp_path):
+def test_every_figure_and_the_index(shipped, tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+    from matplotlib.text import Text
+
+    texts: list[str] = []
+    save = Figure.savefig
+
+    def recording_save(fig, *args, **kwargs):
+        texts.extend(t.get_text() for t in fig.findobj(Text))
+        return save(fig, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", recording_save)
     out = tmp_path / "figs"
     assert main(["--checkpoints", str(shipped), "--results", str(tmp_path / "none"), "--out", str(out),
                  "--format", "png,pdf", "--device", "cpu", "--quick"]) == 0
@@ -44,13 +55,26 @@ def test_every_figure_and_the_index(shipped, tmp_path):
     for spec in FIGURES:
         # a caption's pipes are escaped so that they do not split the markdown table
         assert f"[{spec.name}.png]({spec.name}.png)" in index and spec.caption.replace("|", "\\|") in index
+    assert texts and not [t for t in texts if str(shipped) in t], "figure text names checkpoints by absolute path"
 
 
 def test_only_and_bad_arguments(shipped, tmp_path, capsys):
     out = tmp_path / "one"
+    out.mkdir()
+    # an earlier full run left another figure and the index row that describes it
+    (out / "probe_heatmap.png").write_bytes(b"earlier")
+    (out / "README.md").write_text("| [probe_heatmap.png](probe_heatmap.png) | old caption | `x` | `y` | 55 |\n")
     assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
-                 "--only", "accuracy_vs_length"]) == 0
-    assert [p.name for p in out.iterdir()] == ["accuracy_vs_length.png"]
+                 "--only", "accuracy_vs_length", "--quick"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "accuracy_vs_length.png", "probe_heatmap.png"]
+    rows = [line for line in (out / "README.md").read_text().splitlines() if line.startswith("| [")]
+    assert [r.split("]")[0] for r in rows] == ["| [accuracy_vs_length.png", "| [probe_heatmap.png"]
+    heatmap = next(s for s in FIGURES if s.name == "probe_heatmap")
+    assert rows[1].endswith("| 55 |") and heatmap.caption.replace("|", "\\|") in rows[1]
+    assert "accuracy_vs_length" in capsys.readouterr().err  # the progress bar names the figure being made
+    assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
+                 "--only", "accuracy_vs_length", "--quick", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
     assert main(["--only", "nope", "--out", str(out)]) == 2
     assert "unknown figure" in capsys.readouterr().err
     assert main(["--format", "gif", "--out", str(out)]) == 2
@@ -60,3 +84,19 @@ def test_only_and_bad_arguments(shipped, tmp_path, capsys):
     assert main(["--checkpoints", str(empty), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: missing shipped checkpoint") and err.count("\n") == 1
+
+
+def test_figure_text_names_checkpoints_without_the_folder_they_sit_in(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from probe.figures import _without_local_paths
+
+    root = tmp_path / "checkpoints"
+    fig, ax = plt.subplots()
+    ax.set_title(f"{root}/hybrid-dat.pt")
+    ax.plot([0, 1], label=f"hybrid-joint ({root}/trajectories/hybrid-joint/step_000010.pt)")
+    ax.legend()
+    _without_local_paths(fig, [root])
+    assert ax.get_title() == "hybrid-dat.pt"
+    assert ax.get_legend().get_texts()[0].get_text() == "hybrid-joint (trajectories/hybrid-joint/step_000010.pt)"
+    plt.close(fig)
