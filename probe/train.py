@@ -33,6 +33,11 @@ PRECISIONS = ("fp32", "bf16")
 float32 (mixed precision with fp32 master weights)."""
 
 
+OPTIMIZER_IMPLS = ("default", "foreach", "fused")
+"""AdamW's implementation: torch's default for the device (a per-parameter loop on CPU), multi-tensor ``foreach``,
+or the ``fused`` kernel. Same algorithm; they differ in float rounding and speed (benchmarks/throughput.py)."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimisation, evaluation and saving. Batches are a pure function of (seed, step), so a resumed run sees
@@ -53,6 +58,8 @@ class TrainConfig:
     seed: int = 0
     threads: int = 1
     precision: str = "fp32"
+    optimizer_impl: str = "default"
+    compile: bool = False
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
 
     def __post_init__(self) -> None:
@@ -66,6 +73,9 @@ class TrainConfig:
                 raise ProbeError(f"train.{name} must be a non-negative number, got {value!r}")
         if self.precision not in PRECISIONS:
             raise ProbeError(f"train.precision {self.precision!r}: choose one of {', '.join(PRECISIONS)}")
+        if self.optimizer_impl not in OPTIMIZER_IMPLS:
+            raise ProbeError(
+                f"train.optimizer_impl {self.optimizer_impl!r}: choose one of {', '.join(OPTIMIZER_IMPLS)}")
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -183,7 +193,10 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = False
         torch.manual_seed(cfg.seed)
         self.model = HookedSequenceModel(model_cfg).to(self.device)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        impl = {"default": {}, "foreach": {"foreach": True}, "fused": {"fused": True}}[cfg.optimizer_impl]
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, **impl)
+        # compile the forward only; hooks, gates and checkpoints keep working on self.model
+        self.forward = torch.compile(self.model, dynamic=True) if cfg.compile else self.model
         self.schedule = Schedule(cfg.schedule, cfg.steps)
         self.step = 0
         self.metrics: dict[str, Any] = {}
@@ -245,7 +258,7 @@ class Trainer:
             group["lr"] = lr_at(self.cfg, step)
         self.model.train()
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16"):
-            logits = self.model(batch.tokens)
+            logits = self.forward(batch.tokens)
         logits = logits.float()
         loss = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX)
         if not torch.isfinite(loss):
