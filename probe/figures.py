@@ -85,7 +85,7 @@ class Inputs:
     def probes(self) -> list[Any]:
         from probe.probes import run_probes
 
-        kw = dict(n_train=40, n_test=8, n_patch=8) if self.quick else {}
+        kw = dict(n_train=40, n_train_beyond=16, n_test=8, n_patch=8) if self.quick else {}
         return [run_probes(load_checkpoint(p), device=self.device, seed=self.seed, **kw) for p in self.finals]
 
     @cached_property
@@ -189,13 +189,21 @@ FIGURES: list[FigureSpec] = [
                "python -m probe.gradients checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt --attr gxa",
                "checkpoints/hybrid-{joint,dat}.pt", _attr_components),
     FigureSpec("probe_heatmap",
-               "Linear-probe accuracy for s_t mod m per hook and test length (1x-4x L_train), four presets.",
+               "Linear-probe accuracy for s_t mod m at positions beyond the training range (t > 25) only, per hook "
+               "(a+b: concatenated hooks) and test length (2x-4x L_train), four presets. Colour and top number: "
+               "probe trained on t <= 25; below: probe trained on t = 26-75 of held-out sequences, and (c) the same "
+               "probe fit to the control target sum pi(x_i) mod 10 (pi a fixed non-affine permutation).",
                f"python -m probe.probes {_ALL}", _ALL, _probe_heatmap),
     FigureSpec("probe_position",
-               "Probe accuracy by position inside the sequence, training range shaded.",
+               "Probe accuracy for s_t by stream position on length-100 sequences, best hook and best LSTM-state "
+               "hook, trained in range (solid) and beyond it (dashed), with the control target (dotted); training "
+               "range shaded.",
                f"python -m probe.probes {_ALL}", _ALL, _probe_position),
     FigureSpec("probe_compare",
-               "Best-hook probe accuracy, selectivity and interchange-intervention accuracy compared across presets.",
+               "Beyond the training range (t > 25) only. Left: the best LSTM-state probe vs test length, trained in "
+               "range (solid) and beyond it (dashed), and the control target (dotted). Right: interventions on every "
+               "LSTM block's state: later answers that follow the source under the whole-state and the "
+               "probe-subspace interchange, and answers that change under a source with the same s_t.",
                f"python -m probe.probes {_ALL}", _ALL, _probe_compare),
     FigureSpec("shortcut_drops",
                "Accuracy drop under positional randomization (random vectors, permutation, offsets) at in-distribution "

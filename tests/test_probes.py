@@ -1,19 +1,34 @@
-"""Linear probes and interchange interventions: positive, negative and identity controls on tiny models."""
+"""Linear probes, their controls and the interventions: on a trained state tracker and on hand-built counters whose
+recurrent state is known exactly, each control shown passing and failing."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
+from torch import nn
+from transformer_lens.hook_points import HookPoint
 
 from probe.checkpoint import checkpoint_from_model, save_checkpoint
 from probe.evaluate import accuracy_at_length
-from probe.models import ModelConfig
-from probe.patching import interchange_intervention, interchange_pair
-from probe.probes import collect_activations, control_labels, fit_probe, headline, main, probe_model
+from probe.models import HookedSequenceModel, ModelConfig
+from probe.probes import (
+    collect_activations,
+    control_labels,
+    control_map,
+    fit_probe,
+    headline,
+    interchange_intervention,
+    interchange_pair,
+    main,
+    probe_model,
+    verdict_rows,
+)
+from probe.probes.targets import is_affine
 from probe.schedules import ScheduleConfig
 from probe.tasks import make_task
 from probe.train import TrainConfig, Trainer
@@ -21,6 +36,95 @@ from probe.train import TrainConfig, Trainer
 from conftest import tiny_model
 
 
+# --- a hand-built counter: the recurrent state is exactly what we say it is --------------------------------------
+class CounterLSTM(nn.Module):
+    """Drop-in for ``HookedLSTM`` in a d = 3m model. Reads x_t from the embedding (dims m..2m-1) and keeps s_t as a
+    one-hot in dims 0..m-1 of both h and c -- nothing else, unless asked:
+
+    ``extra="store"``: h and c also hold c_t = sum pi(x_i) mod m (dims 2m..3m-1), which the answers ignore;
+    ``extra="use"``: as "store", and the answer it writes is (s_t + [c_t == 0]) mod m, so answers depend on more
+    than s_t; ``relocate_after=k``: from position k on, s_t is written in dims 2m..3m-1 instead (the code changes
+    beyond the training range, the information does not). ``override_state`` continues from the s_t (and c_t) that
+    the set cell state holds, as ``HookedLSTM.override_state`` does."""
+
+    def __init__(self, m: int, extra: str | None = None, relocate_after: int | None = None) -> None:
+        super().__init__()
+        self.m, self.extra, self.relocate_after = m, extra, relocate_after
+        self.pi = torch.as_tensor(control_map(m, 0))
+        self.hook_h = HookPoint()
+        self.hook_c = HookPoint()
+        self._override = None
+
+    @contextlib.contextmanager
+    def override_state(self, position, h, c):
+        self._override = (position, h, c)
+        try:
+            yield
+        finally:
+            self._override = None
+
+    def _onehots(self, values: dict[int, torch.Tensor], b: int) -> torch.Tensor:
+        out = torch.zeros(b, 3 * self.m)
+        for offset, v in values.items():
+            out[torch.arange(b), offset + v] = 1.0
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        m = self.m
+        tokens = x[..., m:2 * m].argmax(-1)
+        b, t_len = tokens.shape
+        s, p = torch.zeros(b, dtype=torch.long), torch.zeros(b, dtype=torch.long)
+        hs, cs = [], []
+        for t in range(t_len):
+            s, p = (s + tokens[:, t]) % m, (p + self.pi[tokens[:, t]]) % m
+            slot = 2 * m if self.relocate_after is not None and t >= self.relocate_after else 0
+            extra = {2 * m: p} if self.extra else {}
+            answer = (s + (p == 0).long()) % m if self.extra == "use" else s
+            h, c = self._onehots({slot: answer, **extra}, b), self._onehots({slot: s, **extra}, b)
+            if self._override is not None and self._override[0] == t:
+                h, c = self._override[1], self._override[2]
+                s = c[:, :m].argmax(-1)
+                p = c[:, 2 * m:].argmax(-1) if self.extra else p
+            hs.append(h)
+            cs.append(c)
+        self.hook_c(torch.stack(cs, dim=1))
+        return self.hook_h(torch.stack(hs, dim=1))
+
+
+def counter_model(task, **kw) -> HookedSequenceModel:
+    """A 1-block model around ``CounterLSTM``: embedding one-hot in dims m..2m-1, MLP off, the unembedding reads
+    dims 0..m-1 (after the final LayerNorm the largest of them is the answer)."""
+    m = task.m
+    model = HookedSequenceModel(ModelConfig(family="lstm", vocab_size=task.vocab_size, d_model=3 * m, n_layers=1,
+                                            n_heads=1))
+    with torch.no_grad():
+        model.embed.weight.zero_()
+        model.embed.weight[torch.arange(m), m + torch.arange(m)] = 1.0
+        for p in model.blocks[0].mlp.W_out.parameters():
+            p.zero_()
+        model.unembed.weight.zero_()
+        model.unembed.weight[torch.arange(m), torch.arange(m)] = 10.0
+        model.unembed.bias.fill_(-100.0)
+        model.unembed.bias[:m] = 0.0
+    model.blocks[0].lstm = CounterLSTM(m, **kw)
+    model.setup()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def counter_task():
+    return make_task("modsum", m=5, n_keys=1, n_values=1, train_length=8)
+
+
+def test_hand_built_counter_answers_s_t(counter_task):
+    model = counter_model(counter_task)
+    assert accuracy_at_length(model, counter_task, 32, 16)["state"]["token_acc"] == 1.0
+    batch = counter_task.sample(20, 4, 0)
+    _, cache = model.run_with_cache(batch.tokens)
+    assert torch.equal(cache["blocks.0.lstm.hook_c"][..., :5].argmax(-1), batch.sums)
+
+
+# --- the trained state tracker ------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def modsum_lstm(tmp_path_factory):
     """A model whose state is known: a 1-layer LSTM trained to track s_t mod 3 (perfect up to 3x its length)."""
@@ -42,15 +146,20 @@ def no_hooks_left(model) -> bool:
 
 def test_probe_finds_the_state_of_a_state_tracker(modsum_lstm):
     model, task = modsum_lstm
-    res = probe_model(model, task, hooks=["lstm.hook_h"], n_train=64, n_test=32, patching=False)
+    res = probe_model(model, task, hooks=["lstm.hook_h"], n_train=64, n_train_beyond=32, n_test=32, patching=False)
     rows = res.by_length
-    assert list(rows.length) == [8, 16, 24, 32]
-    assert (rows.probe_acc > 0.95).all()
-    assert (rows.probe_acc > rows.majority_acc + 0.5).all()
-    # a random LSTM of the same shape does not carry s_t beyond the first positions
-    assert (rows.probe_acc - rows.random_init_acc > 0.4).all()
-    assert (rows.selectivity > 0.3).all()
+    assert set(rows.train_positions) == {"in", "beyond"}
+    assert set(rows.test_positions) == {"in", "beyond", "all"}
+    beyond = res.beyond("in")
+    assert list(beyond.length) == [16, 24, 32]  # no position beyond L_train in a length-L_train sequence
+    for band in ("in", "beyond"):
+        r = res.beyond(band)
+        assert (r.probe_acc > 0.95).all() and (r.probe_acc > r.majority_acc + 0.5).all()
+        # a random LSTM of the same shape does not carry s_t beyond the first positions
+        assert (r.probe_acc - r.random_init_acc > 0.4).all()
     assert rows.converged.all()
+    ctrl = res.controls.set_index(["control", "train_positions"])
+    assert ctrl.loc[("permuted_target", "in"), "passed"] and ctrl.loc[("permuted_target", "beyond"), "passed"]
     assert no_hooks_left(model)
 
 
@@ -67,92 +176,217 @@ def test_shuffled_labels_are_not_decodable(modsum_lstm):
     assert acc_shuffled < 1 / task.m + 0.12
 
 
-def test_controls_are_reported(modsum_lstm):
+def test_shuffled_label_control_fails_when_labels_leak(modsum_lstm, monkeypatch):
+    """Broken on purpose: a 'shuffle' that keeps the labels in place must make the shuffled-label control fail."""
+    import probe.probes.controls as controls
+
+    class NoShuffle:
+        def permutation(self, x):
+            return np.asarray(x)
+
+    model, task = modsum_lstm
+    monkeypatch.setattr(controls, "default_rng", lambda seed: NoShuffle())
+    res = probe_model(model, task, hooks=["lstm.hook_h"], lengths=[8], n_train=48, n_train_beyond=16, n_test=24,
+                      patching=False)
+    row = res.controls[res.controls.control == "shuffled_labels"].iloc[0]
+    assert row.acc > 0.9 and not row.passed
+
+
+def test_controls_and_interventions_of_a_state_tracker(modsum_lstm):
     model, task = modsum_lstm
     res = probe_model(model, task, hooks=["lstm.hook_h", "hook_resid_post"], lengths=[8, 24], n_train=48,
-                      n_test=24, n_patch=24)
+                      n_train_beyond=24, n_test=24, n_patch=24)
     shuffled = res.controls[res.controls.control == "shuffled_labels"].iloc[0]
     assert shuffled.passed and shuffled.acc < 1 / task.m + 0.12
     identity = res.controls[res.controls.control == "identity_patch"]
     assert len(identity) == 2 and identity.passed.all() and (identity.changed_frac == 0).all()
-    assert set(res.patching.verdict) == {"decodable, used"}
-    head = headline(res)
-    assert head["best_hook"] in res.hooks and head["probe_acc_1x"] > 0.95 and head["selectivity_3x"] > 0.3
-    assert head["iia_1x"] > 0.95 and head["iia_3x"] > 0.95
-    assert {"probe_acc", "control_task_acc", "selectivity", "random_init_acc", "majority_acc"} <= \
-        set(res.by_position.columns)
-    # early positions are decodable by memorising history types (the control task), later ones are not
+    same = res.controls[res.controls.control == "same_sum"]
+    assert len(same) == 2 and same.passed.all()
+    assert set(res.interventions.kind) == {"full", "same_sum", "subspace"}
+    assert set(res.verdicts.verdict) == {"decodable, used"}
+    head = headline(res, factors=(3,))
+    assert head["lstm_acc_in_3x"] > 0.95 and head["lstm_acc_beyond_3x"] > 0.95 and head["lstm_control_in_3x"] < 0.6
+    assert head["full_iia_3x"] > 0.95 and head["subspace_iia_3x"] > 0.7 and head["same_sum_changed_frac_3x"] < 0.02
     pos = res.by_position[(res.by_position.hook == "blocks.0.lstm.hook_h") & (res.by_position.length == 24)]
-    assert pos.control_task_acc.iloc[0] > 0.9
-    assert pos[pos.position_lo > 6].control_task_acc.mean() < 1 / task.m + 0.15
-
-
-def test_patching_moves_answers_of_a_state_tracker(modsum_lstm):
-    model, task = modsum_lstm
-    res, controls = interchange_intervention(model, task, [8, 24], n=32)
-    assert (res.iia > 0.95).all() and (res.iia_correct > 0.95).all()
-    assert (res.base_follow < 0.05).all() and (res.unpatched_cf < 0.05).all()
-    assert (res.model_acc > 0.95).all()
-    assert controls.passed.all() and (controls.max_abs_logit_diff < 1e-4).all()
-    assert no_hooks_left(model)
+    assert {"probe_acc", "control_acc", "selectivity", "random_init_acc", "majority_acc", "test_positions"} <= \
+        set(pos.columns)
 
 
 def test_state_that_is_decodable_but_cut_off_is_not_used(modsum_lstm):
-    """Negative control for patching: the LSTM still computes s_t, but its output never reaches the stream."""
+    """Negative control for the interventions: the LSTM still computes s_t, but its output never reaches the
+    stream."""
     model, task = modsum_lstm
     model.add_hook("blocks.0.hook_lstm_out", lambda x, hook: torch.zeros_like(x), is_permanent=True)
     try:
-        res = probe_model(model, task, hooks=["lstm.hook_h"], lengths=[16], n_train=48, n_test=24, n_patch=24)
+        res = probe_model(model, task, hooks=["lstm.hook_h"], lengths=[16], n_train=48, n_train_beyond=24,
+                          n_test=24, n_patch=24)
     finally:
         model.reset_hooks(including_permanent=True)
-    row = res.patching.iloc[0]
+    row = res.verdicts.iloc[0]
+    iv = res.interventions.set_index(["kind", "test_positions"])
     assert row.probe_acc > 0.95
-    assert row.iia < 0.6 and abs(row.iia - row.unpatched_cf) < 0.05
+    assert iv.loc[("full", "all"), "iia"] < 0.6
+    assert abs(iv.loc[("full", "all"), "iia"] - iv.loc[("full", "all"), "unpatched_cf"]) < 0.05
     assert row.verdict == "decodable, not used"
 
 
-def test_interchange_pair_is_a_proper_counterfactual():
+# --- the control target, and its test that it can fail ------------------------------------------------------------
+def test_permuted_control_target_is_a_running_sum_not_a_function_of_s_t():
+    for m in (3, 4, 5, 10):
+        pi = control_map(m, seed=1)
+        assert not is_affine(pi, m) and np.array_equal(pi, control_map(m, seed=1))
+        if m >= 4:
+            assert sorted(pi) == list(range(m))
+    x = torch.randint(5, (300, 12), generator=torch.Generator().manual_seed(0))
+    state = torch.ones_like(x, dtype=torch.bool)
+    lab = control_labels(x, state, 5, seed=0)
+    pi = torch.as_tensor(control_map(5, 0))
+    assert torch.equal(lab, pi[x].cumsum(1) % 5)
+    sums = x.cumsum(1) % 5
+    # beyond the first positions it is not a relabelling of s_t: every control value occurs with every sum
+    assert all(len(torch.unique(lab[:, 8:][sums[:, 8:] == s])) == 5 for s in range(5))
+    # queries are skipped, as s_t skips them
+    q = control_labels(torch.tensor([[1, 9, 2]]), torch.tensor([[True, False, True]]), 5)
+    assert q[0, 1] == -1 and q[0, 2] == control_labels(torch.tensor([[1, 2]]), torch.ones(1, 2, dtype=torch.bool),
+                                                       5)[0, 1]
+
+
+def test_history_control_is_a_random_function_of_the_history():
+    tokens = torch.tensor([[1, 2, 3, 0, 4], [1, 2, 3, 1, 4], [2, 1, 3, 0, 4]])
+    lab = control_labels(tokens, torch.ones_like(tokens, dtype=torch.bool), m=5, control="history")
+    assert torch.equal(lab[0, :3], lab[1, :3]) and (lab >= 0).all() and (lab < 5).all()
+
+
+def test_control_target_passes_for_a_counter_and_fails_for_a_model_that_computes_it(counter_task):
+    """The control can fail: a model that keeps the permuted sum as readily as s_t gives selectivity ~0."""
+    kw = dict(hooks=["lstm.hook_h"], lengths=[16, 24], n_train=64, n_train_beyond=32, n_test=32, patching=False)
+    plain = probe_model(counter_model(counter_task), counter_task, **kw)
+    both = probe_model(counter_model(counter_task, extra="store"), counter_task, **kw)
+    for res, passes in ((plain, True), (both, False)):
+        rows = res.controls[res.controls.control == "permuted_target"]
+        assert len(rows) == 2 and (rows.passed == passes).all()
+        assert (rows.probe_acc > 0.99).all()
+    assert (plain.beyond("beyond").control_acc < 1 / counter_task.m + 0.15).all()
+    assert (both.beyond("beyond").control_acc > 0.95).all() and (both.beyond("beyond").selectivity < 0.05).all()
+
+
+def test_beyond_trained_probe_tells_a_moved_code_from_missing_information(counter_task):
+    """s_t moves to other units after L_train: the in-range probe fails beyond, the beyond-trained one does not."""
+    res = probe_model(counter_model(counter_task, relocate_after=counter_task.train_length), counter_task,
+                      hooks=["lstm.hook_h"], lengths=[24], n_train=64, n_train_beyond=32, n_test=32,
+                      patching=False)
+    assert res.beyond("in").probe_acc.iloc[0] < 0.5
+    assert res.beyond("beyond").probe_acc.iloc[0] > 0.99
+    inside = res.by_length[(res.by_length.train_positions == "in") & (res.by_length.test_positions == "in")]
+    assert inside.probe_acc.iloc[0] > 0.99
+
+
+# --- interventions that isolate s_t --------------------------------------------------------------------------------
+def test_same_sum_source_changes_nothing_in_a_model_whose_state_is_s_t(counter_task):
+    res, controls = interchange_intervention(counter_model(counter_task), counter_task, [16, 24], n=32)
+    same = res[res.kind == "same_sum"]
+    assert (same.changed_frac == 0).all() and (same.iia == 1).all()
+    assert (res[res.kind == "full"].iia == 1).all()
+    assert controls[controls.control == "same_sum"].passed.all()
+
+
+def test_same_sum_control_fails_when_answers_use_more_than_s_t(counter_task):
+    res, controls = interchange_intervention(counter_model(counter_task, extra="use"), counter_task, [16, 24], n=32)
+    same = res[(res.kind == "same_sum") & (res.test_positions == "all")]
+    assert (same.changed_frac > 0.05).all()
+    rows = controls[controls.control == "same_sum"]
+    assert len(rows) == 2 and not rows.passed.any()
+
+
+def test_subspace_interchange_isolates_s_t(counter_task):
+    """Only the probe's readout subspace of (h, c) is swapped: enough for the counter, whose state is s_t; the
+    verdict needs it together with the same-sum control, which the model that also uses c_t fails."""
+    kw = dict(hooks=["lstm.hook_h"], lengths=[16], n_train=64, n_train_beyond=32, n_test=32, n_patch=32)
+    plain = probe_model(counter_model(counter_task), counter_task, **kw)
+    iv = plain.interventions.set_index(["kind", "test_positions"])
+    assert iv.loc[("subspace", "all"), "iia"] > 0.95
+    assert plain.verdicts.verdict.iloc[0] == "decodable, used"
+    used_more = probe_model(counter_model(counter_task, extra="use"), counter_task, **kw)
+    assert used_more.verdicts.verdict.iloc[0].endswith("state used, s_t not isolated")
+
+
+def test_subspace_interchange_of_an_unread_subspace_moves_nothing(counter_task, monkeypatch):
+    """Broken on purpose: with the probe's basis replaced by directions the counter does not use, the subspace
+    interchange moves no answer, and the verdict is no longer "used"."""
+    import probe.probes.analysis as analysis
+
+    def unread_basis(probe):
+        q = np.zeros((3 * counter_task.m, 2))
+        q[counter_task.m, 0] = q[counter_task.m + 1, 1] = 1.0  # embedding dims: always 0 in the LSTM state
+        return q
+
+    monkeypatch.setattr(analysis, "readout_basis", unread_basis)
+    res = probe_model(counter_model(counter_task), counter_task, hooks=["lstm.hook_h"], lengths=[16], n_train=64,
+                      n_train_beyond=32, n_test=32, n_patch=32)
+    iv = res.interventions.set_index(["kind", "test_positions"])
+    assert iv.loc[("subspace", "all"), "iia"] == iv.loc[("subspace", "all"), "unpatched_cf"]
+    assert iv.loc[("subspace", "all"), "changed_frac"] == 0
+    assert res.verdicts.verdict.iloc[0] == "decodable, state used, s_t not isolated"
+
+
+@pytest.mark.parametrize("same_sum", [False, True])
+def test_interchange_pair_is_a_proper_counterfactual(same_sum):
     task = make_task("interleaved", m=5, train_length=8)
-    pair = interchange_pair(task, 12, 6, 32, seed=3)
+    pair = interchange_pair(task, 12, 6, 32, seed=3, same_sum=same_sum)
     base, src, pos = pair.base, pair.source, pair.position
     assert base.masks["state"][:, pos].all()
     assert torch.equal(base.tokens[:, pos + 1:], src.tokens[:, pos + 1:])
     assert torch.equal(base.tokens[:, : base.prefix_len], src.tokens[:, : base.prefix_len])
-    assert (src.sums[:, pos] != base.sums[:, pos]).all()
-    # the counterfactual is what the source itself must answer after t, and never the base's answer
+    # the counterfactual is what the source itself must answer after t
     assert torch.equal(pair.counterfactual[pair.later], src.labels[pair.later])
-    assert (pair.counterfactual[pair.later] != base.labels[pair.later]).all()
+    if same_sum:
+        assert (src.sums[:, pos] == base.sums[:, pos]).all()
+        several = base.masks["state"][:, base.prefix_len:pos + 1].sum(1) > 1
+        assert (base.tokens[several] != src.tokens[several]).any(dim=1).all()  # another history, the same sum
+    else:
+        assert (src.sums[:, pos] != base.sums[:, pos]).all()
+        assert (pair.counterfactual[pair.later] != base.labels[pair.later]).all()
+    other = interchange_pair(task, 12, 6, 32, seed=3, same_sum=not same_sum)
+    assert torch.equal(other.base.tokens, base.tokens)  # both kinds patch into the same bases
 
 
-def test_control_task_is_a_random_function_of_the_history():
-    tokens = torch.tensor([[1, 2, 3, 0, 4], [1, 2, 3, 1, 4], [2, 1, 3, 0, 4]])
-    state = torch.ones_like(tokens, dtype=torch.bool)
-    lab = control_labels(tokens, state, m=5, seed=0)
-    assert torch.equal(lab[0, :3], lab[1, :3])  # same history, same label
-    assert (lab >= 0).all() and (lab < 5).all()
-    # a query (not a number) leaves the history unchanged: the label after it is the label without it
-    q_tokens = torch.tensor([[1, 9, 2]])
-    q_state = torch.tensor([[True, False, True]])
-    assert control_labels(q_tokens, q_state, 5)[0, 2] == control_labels(torch.tensor([[1, 2]]), torch.ones(1, 2,
-                                                                                     dtype=torch.bool), 5)[0, 1]
-    assert control_labels(q_tokens, q_state, 5)[0, 1] == -1
-    # not a relabelling of s_t: among positions with the same running sum the control label varies
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(5, (200, 10), generator=g)
-    lab = control_labels(x, torch.ones_like(x, dtype=torch.bool), 5, seed=1)
-    sums = x.cumsum(1) % 5
-    assert all(len(torch.unique(lab[:, 5:][sums[:, 5:] == s])) == 5 for s in range(5))
-    assert not torch.equal(lab, control_labels(x, torch.ones_like(x, dtype=torch.bool), 5, seed=2))
-    bigram = control_labels(x, torch.ones_like(x, dtype=torch.bool), 5, control="bigram")
-    same = (x[:, 3] == x[0, 3]) & (x[:, 4] == x[0, 4])
-    assert (bigram[same, 4] == bigram[0, 4]).all()
+def test_verdicts_need_the_subspace_and_the_same_sum_control():
+    probes = pd.DataFrame([
+        {"hook": f"blocks.{b}.lstm.hook_h", "train_positions": "in", "length": 16, "test_positions": "beyond",
+         "probe_acc": acc, "random_init_acc": 0.1, "control_acc": 0.15, "majority_acc": 0.1}
+        for b, acc in ((0, 0.95), (1, 0.3))])
+
+    def iv(block, full, same, sub):
+        return [{"kind": k, "block": block, "length": 16, "test_positions": "beyond", "iia": v, "changed_frac": v,
+                 "unpatched_cf": 0.01} for k, v in (("full", full), ("same_sum", same), ("subspace", sub))]
+
+    rows = pd.DataFrame(iv(0, 0.3, 0.0, 0.3) + iv(1, 0.1, 0.0, 0.0) + iv(-1, 0.9, 0.0, 0.8))
+    v = verdict_rows(rows, probes, 8).set_index("block").verdict
+    assert v[0] == "decodable, used jointly" and v[1] == "not decodable, used jointly"
+    rows = pd.DataFrame(iv(0, 0.3, 0.0, 0.3) + iv(1, 0.02, 0.0, 0.0) + iv(-1, 0.9, 0.0, 0.8))  # block 1: ~floor
+    assert verdict_rows(rows, probes, 8).set_index("block").verdict[1] == "not decodable, not used"
+    assert v[-1] == "decodable, used"
+    rows = pd.DataFrame(iv(0, 0.3, 0.0, 0.3) + iv(-1, 0.9, 0.2, 0.8))  # the history matters too
+    assert verdict_rows(rows, probes, 8).set_index("block").verdict[-1] == "decodable, state used, s_t not isolated"
+    rows = pd.DataFrame(iv(0, 0.3, 0.0, 0.3) + iv(-1, 0.9, 0.0, 0.1))  # s_t's subspace alone does not move them
+    assert verdict_rows(rows, probes, 8).set_index("block").verdict[-1] == "decodable, state used, s_t not isolated"
 
 
-def test_transformer_is_probed_without_patching(task):
+# --- families, CLI ------------------------------------------------------------------------------------------------
+def test_transformer_is_probed_without_interventions(task):
     model = tiny_model("transformer", task.vocab_size, pos_encoding="sinusoidal")
-    res = probe_model(model, task, lengths=[8], n_train=24, n_test=8)
-    assert res.patching.empty
+    res = probe_model(model, task, lengths=[8], n_train=24, n_train_beyond=8, n_test=8)
+    assert res.interventions.empty and res.verdicts.empty
     assert set(res.hooks) == {f"blocks.{i}.{s}" for i in range(2) for s in ("hook_attn_out", "hook_resid_post")}
+
+
+def test_joined_hooks_probe_the_concatenation(hybrid, task):
+    res = probe_model(hybrid, task, lengths=[16], n_train=24, n_train_beyond=8, n_test=8, n_patch=8)
+    joined = "blocks.0.lstm.hook_h+blocks.1.lstm.hook_h"
+    assert joined in res.hooks and "blocks.0.lstm.hook_h+blocks.0.lstm.hook_c" in res.hooks
+    assert set(res.by_length[res.by_length.hook == "blocks.0.lstm.hook_h"].train_positions) == {"in", "beyond", "all"}
+    acts = collect_activations(hybrid, task, [8], 4, [joined], seed=0)
+    assert acts.x(joined).shape[1] == 2 * hybrid.cfg.d_model
 
 
 def test_cli_json_and_figures(tmp_path, capsys, modsum_lstm):
@@ -163,16 +397,27 @@ def test_cli_json_and_figures(tmp_path, capsys, modsum_lstm):
                                                                                 itask))
     out = tmp_path / "out"
     code = main([str(lstm_path), str(hybrid_path), "--json", "--out", str(out), "--lengths", "8,16",
-                 "--n-train", "24", "--n-test", "8", "--n-patch", "8"])
+                 "--n-train", "24", "--n-train-beyond", "8", "--n-test", "8", "--n-patch", "8"])
     assert code == 0
-    obj = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    obj = json.loads(captured.out)
+    assert "probes" not in captured.err  # no progress bar under --json
     assert obj["command"] == "probes" and len(obj["checkpoints"]) == 2
-    rows = obj["results"]
-    assert {r["checkpoint"] for r in rows} == {str(lstm_path), str(hybrid_path)}
-    hybrid_hooks = {r["hook"] for r in rows if r["checkpoint"] == str(hybrid_path) and r["analysis"] == "probe"}
+    rows = pd.DataFrame(obj["results"])
+    assert set(rows.checkpoint) == {str(lstm_path), str(hybrid_path)}
+    probes = rows[rows.analysis == "probe"]
+    assert {"train_positions", "test_positions", "control_acc", "control_target"} <= set(probes.columns)
+    assert set(probes.train_positions) == {"in", "beyond", "all"} and set(probes.test_positions) == {"in", "beyond",
+                                                                                                   "all"}
+    hybrid_hooks = set(probes[probes.checkpoint == str(hybrid_path)].hook)
     assert "blocks.1.hook_attn_out" in hybrid_hooks and "blocks.0.lstm.hook_c" in hybrid_hooks
-    assert any(r["analysis"] == "patching" and r["block"] == -1 for r in rows if r["checkpoint"] == str(hybrid_path))
-    assert {c["control"] for c in obj["controls"]} == {"shuffled_labels", "identity_patch"}
+    assert "blocks.0.lstm.hook_h+blocks.1.lstm.hook_h" in hybrid_hooks
+    iv = rows[rows.analysis == "intervention"]
+    assert set(iv.kind) == {"full", "same_sum", "subspace"} and -1 in set(iv[iv.checkpoint == str(hybrid_path)].block)
+    assert (rows.analysis == "verdict").any()
+    assert {c["control"] for c in obj["controls"]} == {"permuted_target", "shuffled_labels", "identity_patch",
+                                                       "same_sum"}
+    assert all(isinstance(c["passed"], bool) for c in obj["controls"])
     assert json.loads((out / "probes.json").read_text()) == obj
     for name in ("probes_heatmap", "probes_position", "probes_compare"):
         assert (out / f"{name}.png").stat().st_size > 10_000
@@ -181,7 +426,9 @@ def test_cli_json_and_figures(tmp_path, capsys, modsum_lstm):
 @pytest.mark.parametrize("argv, message", [
     (["missing.pt"], "no such file"),
     (["{ckpt}", "--hooks", "hook_nonsense"], "no per-position hook matches"),
+    (["{ckpt}", "--hooks", "lstm.hook_h+hook_nonsense"], "no per-position hook matches"),
     (["{ckpt}", "--lengths", "0,5"], "bad --lengths"),
+    (["{ckpt}", "--n-train-beyond", "0"], "must be positive"),
 ])
 def test_cli_user_errors_exit_2(tmp_path, capsys, argv, message):
     task = make_task("interleaved", train_length=8)
@@ -191,18 +438,8 @@ def test_cli_user_errors_exit_2(tmp_path, capsys, argv, message):
     assert err.startswith("error:") and message in err and "\n" not in err
 
 
-def test_verdicts_name_redundant_storage():
-    from probe.probes import _with_verdicts
+def test_permuted_control_on_z2_is_a_user_error():
+    from probe.errors import ProbeError
 
-    probes = pd.DataFrame([
-        {"hook": f"blocks.{b}.lstm.hook_h", "length": 8, "probe_acc": acc, "random_init_acc": 0.1,
-         "control_task_acc": 0.15, "majority_acc": 0.1, "selectivity": acc - 0.15}
-        for b, acc in ((0, 0.95), (1, 0.3))])
-    patch = pd.DataFrame([{"length": 8, "block": 0, "iia": 0.3}, {"length": 8, "block": 1, "iia": 0.1},
-                          {"length": 8, "block": -1, "iia": 0.9}])
-    verdicts = _with_verdicts(patch, probes).set_index("block").verdict
-    assert verdicts[0] == "decodable, used jointly"
-    assert verdicts[1] == "not decodable, used jointly"
-    assert verdicts[-1] == "decodable, used"
-    patch.loc[patch.block == -1, "iia"] = 0.2
-    assert _with_verdicts(patch, probes).set_index("block").verdict[0] == "decodable, not used"
+    with pytest.raises(ProbeError, match="m >= 3"):
+        control_map(2)

@@ -1,0 +1,122 @@
+"""``python -m probe.probes``: parse, run the probe analysis per checkpoint, print tables or one JSON object, save."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from probe.checkpoint import load_checkpoint, resolve_checkpoints
+from probe.cli import add_common_args, envelope, resolve_device, run_cli, say
+from probe.errors import ProbeError
+from probe.evaluate import parse_lengths
+from probe.probes.analysis import headline, result_rows, run_probes, summary_table
+from probe.probes.fit import HOOK_SUFFIXES
+from probe.probes.plots import plot_compare, plot_heatmap, plot_position
+from probe.probes.targets import CONTROL_TARGETS
+
+DESCRIPTION = "Linear probes that decode the running sum s_t mod m, with controls, and interventions on the LSTM state."
+
+COLUMNS = """Position bands: in = t <= L_train, beyond = t > L_train, all. Length generalization: beyond only.
+
+JSON rows (results): checkpoint, seed, family, schedule, control_target, analysis ("probe" | "intervention" |
+"verdict").
+Probe rows: scope ("length" | "position"), hook (a+b = one probe on the concatenated hooks), train_positions ("in":
+t <= L_train of length-L_train sequences; "beyond": L_train < t <= 3 L_train of held-out length-3 L_train sequences;
+"all": both, only for the LSTM-state hooks the subspace intervention edits), length, test_positions, factor (length
+/ L_train), position_lo, position_hi (bucket of scope=position; null for scope=length), n (state positions scored),
+probe_acc, control_acc (the same probe fit on the control target: sum of pi(x_i) mod m for a fixed random
+non-affine pi with --control permuted), selectivity (probe_acc - control_acc), random_init_acc (same probe on the
+architecture with random weights), majority_acc (the training band's majority class), probe_train_acc, converged.
+Intervention rows: kind ("full": the whole (h, c) of a source with another s_t; "same_sum": of a source with the
+same s_t and another history; "subspace": only the probe's readout subspace of (h, c), from the full source),
+block (-1 = every LSTM block at once), length, test_positions (band of the later answers), n, iia (answers equal
+to the counterfactual; for same_sum the base's own label), changed_frac (answers that differ from the unpatched
+ones), base_follow, unpatched_cf (chance floor of iia), model_acc, iia_correct.
+Verdict rows: block, length, test_positions, hook / probe_train_positions / probe_acc / control_acc (best probe on
+the block's state), iia_full, same_sum_changed, iia_subspace, verdict ("decodable, used" needs the subspace
+interchange to move >= 0.5 of the answers and the same-sum source to change <= 0.02 of them; else "... state
+used, s_t not isolated" | "... used jointly" | "... not used").
+Controls (each with passed): control="<target>_target" (per train band, best hook at beyond positions:
+selectivity >= 0.2), "shuffled_labels" (best in-range hook, labels shuffled: acc < majority + 0.2),
+"identity_patch" (own state patched back in: nothing changes), "same_sum" (every LSTM block, per length: changed_frac
+<= 0.02)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m probe.probes", description=DESCRIPTION, epilog=COLUMNS,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", nargs="+", help="checkpoint files, directories of *.pt, or globs")
+    parser.add_argument("--hooks", nargs="+", default=None,
+                        help="hook names or suffixes (lstm.hook_h = every block's, one probe each; a+b = one probe on "
+                             "the concatenation); default: every block's " + ", ".join(HOOK_SUFFIXES)
+                             + " that exist, each LSTM block's h+c, every block's h, every block's h+c")
+    parser.add_argument("--lengths", default=None, help="test lengths, e.g. 25,50,75,100 or 10:100:10 "
+                                                        "(default 1x,2x,3x,4x the checkpoint's L_train)")
+    parser.add_argument("--n-train", type=int, default=200,
+                        help="training sequences of length L_train, every position used (200)")
+    parser.add_argument("--n-train-beyond", type=int, default=100,
+                        help="held-out sequences of length 3 L_train whose positions t > L_train train the "
+                             "beyond-range probes (100)")
+    parser.add_argument("--n-test", type=int, default=48, help="test sequences per test length (48)")
+    parser.add_argument("--n-patch", type=int, default=48, help="base sequences per patch position (48)")
+    parser.add_argument("--control", default="permuted", choices=CONTROL_TARGETS,
+                        help="control target: permuted (sum of pi(x_i) mod m, default), history or bigram "
+                             "(Hewitt & Liang types)")
+    parser.add_argument("--no-patching", action="store_true", help="skip the interventions")
+    add_common_args(parser)
+    return parser
+
+
+def main_body(args: argparse.Namespace) -> dict[str, Any]:
+    device = resolve_device(args.device)
+    lengths = parse_lengths(args.lengths) if args.lengths else None
+    if min(args.n_train, args.n_train_beyond, args.n_test, args.n_patch) < 1:
+        raise ProbeError("--n-train, --n-train-beyond, --n-test and --n-patch must be positive")
+    paths = resolve_checkpoints(args.checkpoints)
+    results = []
+    for path in paths:
+        ckpt = load_checkpoint(path, map_location=device)
+        res = run_probes(ckpt, device, lengths=lengths, hooks=args.hooks, n_train=args.n_train,
+                         n_train_beyond=args.n_train_beyond, n_test=args.n_test, n_patch=args.n_patch,
+                         seed=args.seed, patching=not args.no_patching, control=args.control,
+                         progress=not args.json)
+        results.append(res)
+        say(args, f"\n{path}  (L_train={res.train_length}; positions t > L_train only; cells: probe trained in range / "
+                  f"trained beyond (c = control target, trained beyond))")
+        say(args, summary_table(res).to_string())
+        if not res.interventions.empty:
+            iv = res.interventions[res.interventions.test_positions != "all"]
+            say(args, "interventions (block -1 = every LSTM block; test_positions = band of the later answers):")
+            say(args, iv.pivot_table(index=["block", "length", "test_positions"], columns="kind",
+                                     values=["iia", "changed_frac"]).to_string(float_format="{:.2f}".format))
+            say(args, res.verdicts[["block", "length", "test_positions", "hook", "probe_acc", "iia_full",
+                                    "same_sum_changed", "iia_subspace", "verdict"]]
+                .to_string(index=False, float_format="{:.2f}".format))
+        say(args, "headline: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                             for k, v in headline(res).items() if k != "checkpoint"))
+        failed = res.controls[~res.controls.passed.astype(bool)] if "passed" in res.controls else res.controls[:0]
+        for _, c in failed.iterrows():
+            say(args, f"control FAILED: {c.control}" + "".join(f" {k}={c[k]}" for k in ("hook", "train_positions",
+                                                                                     "length", "block")
+                                                                  if k in c and c[k] == c[k]))
+    rows, controls = [], []
+    for res in results:
+        r, c = result_rows(res, args.seed)
+        rows += r
+        controls += c
+    out = envelope("probes", [str(p) for p in paths], rows, controls)
+    if args.out:
+        outdir = Path(args.out)
+        outdir.mkdir(parents=True, exist_ok=True)
+        (outdir / "probes.json").write_text(json.dumps(out))
+        for name, fig in (("probes_heatmap", plot_heatmap(results)), ("probes_position", plot_position(results)),
+                          ("probes_compare", plot_compare(results))):
+            fig.savefig(outdir / f"{name}.png", dpi=120)
+        say(args, f"wrote {outdir}/probes.json and figures probes_heatmap/position/compare.png")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(build_parser(), main_body, argv)

@@ -1,0 +1,189 @@
+"""Activations at the state positions of a hook (or of several hooks joined), and the linear probes fit on them."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import StandardScaler
+from threadpoolctl import threadpool_limits
+
+from probe.errors import ProbeError
+from probe.models import HookedSequenceModel
+from probe.probes.targets import control_labels
+from probe.tasks import TaskConfig
+
+PROBE_SEED_BASE = 8_000_000_000
+"""Probe data come from seeds far from training (``seed * 1_000_003 + step``) and evaluation (7e9) seeds."""
+
+HOOK_SUFFIXES = ("lstm.hook_h", "lstm.hook_c", "hook_attn_out", "hook_resid_post")
+"""Default single hooks, in every block where they exist."""
+
+JOIN = "+"
+"""``a+b`` names one probe on the concatenation of hooks a and b."""
+
+BANDS = ("in", "beyond", "all")
+"""Position bands: ``in`` = t <= L_train, ``beyond`` = t > L_train, ``all``."""
+
+MAX_ITER = 500
+
+
+def band_mask(position: np.ndarray, train_length: int, band: str) -> np.ndarray:
+    if band == "in":
+        return position <= train_length
+    if band == "beyond":
+        return position > train_length
+    return np.ones(position.shape, dtype=bool)
+
+
+def lstm_blocks(model: HookedSequenceModel) -> list[int]:
+    return [i for i, b in enumerate(model.blocks) if hasattr(b, "lstm")]
+
+
+def state_hook(blocks: Sequence[int]) -> str:
+    """The joined hook of the recurrent state (h_i, c_i for each block in order): the space that the subspace
+    interventions edit, so its layout is the one ``interventions.state_vector`` builds."""
+    return JOIN.join(f"blocks.{i}.lstm.hook_{k}" for i in blocks for k in ("h", "c"))
+
+
+def default_hooks(model: HookedSequenceModel) -> list[str]:
+    """Every block's h, c, attention output and residual stream that exist; then the joined hooks: each LSTM
+    block's (h, c), and with several blocks every block's h, and every block's (h, c)."""
+    names = set(model.hook_dict)
+    single = [f"blocks.{i}.{s}" for i in range(len(model.blocks)) for s in HOOK_SUFFIXES
+              if f"blocks.{i}.{s}" in names]
+    blocks = lstm_blocks(model)
+    joined = [state_hook([i]) for i in blocks]
+    if len(blocks) > 1:
+        joined += [JOIN.join(f"blocks.{i}.lstm.hook_h" for i in blocks), state_hook(blocks)]
+    return single + joined
+
+
+def parts(hook: str) -> list[str]:
+    return hook.split(JOIN)
+
+
+def resolve_hooks(model: HookedSequenceModel, specs: Sequence[str] | None) -> list[str]:
+    """Hook names from exact names or suffixes (``lstm.hook_h`` = that hook in every block, one probe each).
+
+    A spec with ``+`` is one probe on the concatenation of everything its parts name, in that order
+    (``lstm.hook_h+lstm.hook_c`` = every block's h, then every block's c)."""
+    if not specs:
+        return default_hooks(model)
+    # every hook with one vector per position; (head, query, key) patterns are not per-position features
+    names = [n for n in model.hook_dict if not n.endswith(("hook_attn_scores", "hook_pattern"))]
+
+    def match(spec: str) -> list[str]:
+        hits = [n for n in names if n == spec or n.endswith("." + spec)]
+        if not hits:
+            raise ProbeError(f"no per-position hook matches {spec!r}; try one of {', '.join(default_hooks(model))}")
+        return hits
+
+    out: list[str] = []
+    for spec in specs:
+        if JOIN in spec:
+            joined = JOIN.join(dict.fromkeys(h for p in parts(spec) for h in match(p)))
+            hits = [joined]
+        else:
+            hits = match(spec)
+        out.extend(h for h in hits if h not in out)
+    return out
+
+
+@dataclass
+class Activations:
+    """Features at state positions. ``features[hook]`` is ``(N, d)`` for each single hook; ``labels`` s_t;
+    ``control`` the control target; ``position`` the 1-based stream position; ``length`` the stream length."""
+
+    features: dict[str, np.ndarray]
+    labels: np.ndarray
+    control: np.ndarray
+    position: np.ndarray
+    length: np.ndarray
+
+    def x(self, hook: str) -> np.ndarray:
+        """Features of a single or joined hook."""
+        ps = parts(hook)
+        return self.features[ps[0]] if len(ps) == 1 else np.concatenate([self.features[p] for p in ps], axis=1)
+
+    def select(self, mask: np.ndarray) -> Activations:
+        return Activations({k: v[mask] for k, v in self.features.items()}, self.labels[mask], self.control[mask],
+                           self.position[mask], self.length[mask])
+
+    @staticmethod
+    def concat(items: Sequence[Activations]) -> Activations:
+        return Activations({k: np.concatenate([a.features[k] for a in items]) for k in items[0].features},
+                           *(np.concatenate([getattr(a, f) for a in items])
+                             for f in ("labels", "control", "position", "length")))
+
+
+@torch.no_grad()
+def collect_activations(model: HookedSequenceModel, task: TaskConfig, lengths: Iterable[int], n_per_length: int,
+                        hooks: Sequence[str], seed: int, control: str = "permuted",
+                        control_seed: int = 0) -> Activations:
+    """Run ``n_per_length`` sequences of each length through ``model`` and keep the hooks at state positions."""
+    device = next(model.parameters()).device
+    single = list(dict.fromkeys(p for h in hooks for p in parts(h)))
+    feats: dict[str, list[np.ndarray]] = {h: [] for h in single}
+    labels, ctrl_labels, position, length_col = [], [], [], []
+    for length in lengths:
+        batch = task.sample(length, n_per_length, seed + length)
+        state = batch.masks["state"]
+        if not state.any():
+            continue
+        _, cache = model.run_with_cache(batch.tokens.to(device), names_filter=single)
+        for h in single:
+            feats[h].append(cache[h][state.to(device)].flatten(1).float().cpu().numpy())  # q/k/v/z: heads joined
+        labels.append(batch.sums[state].numpy())
+        ctrl_labels.append(control_labels(batch.tokens, state, task.m, control_seed, control)[state].numpy())
+        pos = torch.arange(1, batch.tokens.shape[1] + 1) - batch.prefix_len
+        position.append(pos.expand_as(state)[state].numpy())
+        length_col.append(np.full(int(state.sum()), length))
+    if not labels:
+        raise ProbeError(f"task {task.name} asks no state questions: nothing to probe")
+    return Activations({h: np.concatenate(v) for h, v in feats.items()}, np.concatenate(labels),
+                       np.concatenate(ctrl_labels), np.concatenate(position), np.concatenate(length_col))
+
+
+def fit_probe(x: np.ndarray, y: np.ndarray, seed: int = 0, max_iter: int = MAX_ITER) -> Pipeline:
+    """Standardised multinomial logistic regression (lbfgs). ``n_iter_ < max_iter`` tells that it converged."""
+    probe = make_pipeline(StandardScaler(), LogisticRegression(max_iter=max_iter, random_state=seed))
+    # One BLAS thread: these problems are small, and threaded BLAS spin-waits cost several times the work itself.
+    with warnings.catch_warnings(), threadpool_limits(limits=1):
+        warnings.simplefilter("ignore", ConvergenceWarning)  # reported as the `converged` column instead
+        probe.fit(x, y)
+    return probe
+
+
+def converged(probe: Pipeline, max_iter: int = MAX_ITER) -> bool:
+    return int(probe[-1].n_iter_.max()) < max_iter
+
+
+def readout_basis(probe: Pipeline, tol: float = 1e-6) -> np.ndarray:
+    """Orthonormal basis ``(d, r)`` of the directions a fitted probe reads, in the raw feature space.
+
+    The probe's logits are ``W ((x - mu) / sigma) + b``, i.e. ``(W / sigma) x`` + const, so it reads exactly the row
+    space of ``W / sigma``; replacing that component of x with another input's makes the probe's logits (and
+    prediction) those of the other input, and leaves everything the probe does not read unchanged. Rank <= m - 1:
+    the softmax ignores a shift common to every class, and the L2-penalised rows sum to zero.
+    """
+    scaler, lr = probe[0], probe[-1]
+    w = lr.coef_ / scaler.scale_[None, :]
+    u, s, vt = np.linalg.svd(w, full_matrices=False)
+    return vt[s > tol * s.max()].T
+
+
+def random_init_like(model: HookedSequenceModel, seed: int) -> HookedSequenceModel:
+    """The same architecture (gates included) with seeded random weights: the random-init control."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        other = HookedSequenceModel(model.cfg)
+    if other.attention_blocks:
+        other.set_attention_gate(model.attention_gates())
+    return other.to(next(model.parameters()).device).eval()

@@ -1,0 +1,257 @@
+"""Interventions on the LSTM state: whole-state interchange, the same-sum control, the probe-subspace interchange."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from torch import Tensor
+
+from probe.errors import ProbeError
+from probe.models import HookedSequenceModel
+from probe.probes.fit import lstm_blocks
+from probe.tasks import Batch, TaskConfig
+
+PATCH_SEED_BASE = 9_000_000_000
+"""Patching batches come from seeds far from training (``seed * 1_000_003 + step``) and evaluation (7e9) seeds."""
+
+PATCH_FRACTIONS = (0.25, 0.5, 0.75)
+"""Patch positions, as fractions of the stream length: early, middle and late states."""
+
+KINDS = ("full", "same_sum", "subspace")
+"""``full``: the whole (h, c) of a source with another s_t. ``same_sum``: the whole (h, c) of a source with the
+*same* s_t and another history. ``subspace``: only the component of (h, c) that the s_t probe reads, from the
+``full`` source."""
+
+IDENTITY_TOL = 1e-3
+"""Largest logit change allowed when a sequence's own state is patched back in (unrolled vs fused float error)."""
+
+SAME_SUM_MAX = 0.02
+"""The same-sum control passes when at most this fraction of later answers change: a model whose recurrent state is
+s_t alone changes none (a state read off the unrolled path differs from the fused one by float error only)."""
+
+
+@dataclass
+class InterchangePair:
+    """A base batch, a source batch that differs only in the numbers at stream positions ``<= t``, and the
+    counterfactual state labels: base numbers after t added to the source's s_t.
+
+    ``position`` is the absolute index (prefix included) of stream position t; ``later`` marks the state answers
+    after it, the ones an intervention at t can move. With ``same_sum`` the source's s_t equals the base's (so the
+    counterfactual is the base's own label), otherwise it never does.
+    """
+
+    base: Batch
+    source: Batch
+    position: int
+    later: Tensor
+    counterfactual: Tensor
+
+
+def _check_task(task: TaskConfig, batch: Batch) -> None:
+    state = batch.masks["state"]
+    if not state.any():
+        raise ProbeError(f"task {task.name} asks no state questions; patching needs the running-sum subtask")
+    if not (batch.labels[state] == batch.sums[state]).all():
+        raise ProbeError(f"task {task.name}: its state answers are not the running sums; "
+                         "patching supports modsum and interleaved")
+
+
+def interchange_pair(task: TaskConfig, length: int, t: int, n: int, seed: int,
+                     same_sum: bool = False) -> InterchangePair:
+    """Sequences of ``length`` whose stream position ``t`` (1-based) is a number, paired with their sources.
+
+    The source keeps the base's dictionary, query positions and every token after t, and redraws the numbers at
+    positions ``<= t``; then x_t is shifted so that the source's s_t differs from the base's (``same_sum``: equals
+    it; where the redrawn history would equal the base's, its first number is shifted the other way so the
+    history still differs). The same seed gives the same base and the same redraw for both kinds.
+    """
+    if not 1 <= t < length:
+        raise ProbeError(f"patch position {t} must lie in [1, {length - 1}] for length {length}")
+    g = torch.Generator().manual_seed(seed)
+    base = task.sample(length, 4 * n, g)  # 4x oversampling: position t is a number with probability 1 - q
+    _check_task(task, base)
+    p = base.prefix_len
+    pos = p + t - 1
+    keep = base.masks["state"][:, pos].nonzero().squeeze(1)[:n]
+    if len(keep) == 0:
+        raise ProbeError(f"no sampled sequence has a number at stream position {t}")
+    base = Batch(base.tokens[keep], base.labels[keep], {k: v[keep] for k, v in base.masks.items()},
+                 base.sums[keep], p, length)
+    state, m = base.masks["state"], task.m
+    before = state.clone()
+    before[:, pos + 1:] = False
+    tokens = base.tokens.clone()
+    fresh = torch.randint(m, tokens.shape, generator=g)
+    tokens = torch.where(before, fresh, tokens)
+    src_sum = torch.where(before, tokens, 0).sum(dim=1) % m
+    base_sum = base.sums[:, pos]
+    shift = torch.randint(1, m, (len(keep),), generator=g)
+    if same_sum:
+        # Shifting x_t by k shifts s_t by k: k = base - source makes the sums equal.
+        tokens[:, pos] = (tokens[:, pos] + base_sum - src_sum) % m
+        same_history = (tokens == base.tokens).all(dim=1)
+        first = before.float().argmax(dim=1)
+        movable = same_history & (before.sum(dim=1) > 1)  # with one number before t the history is s_t itself
+        rows = movable.nonzero().squeeze(1)
+        tokens[rows, first[rows]] = (tokens[rows, first[rows]] + 1) % m
+        tokens[rows, pos] = (tokens[rows, pos] - 1) % m
+        src_sum = base_sum.clone()
+    else:
+        # choose k so that the source's s_t is never the base's
+        fix = torch.where(src_sum == base_sum, shift, 0)
+        tokens[:, pos] = (tokens[:, pos] + fix) % m
+        src_sum = (src_sum + fix) % m
+    numbers = torch.where(state, tokens, 0)
+    sums = torch.where(base.sums >= 0, numbers.cumsum(dim=1) % m, base.sums)
+    labels = torch.where(state, sums, base.labels)
+    source = Batch(tokens, labels, {k: v.clone() for k, v in base.masks.items()}, sums, p, length)
+    later = state.clone()
+    later[:, : pos + 1] = False
+    counterfactual = (src_sum[:, None] + base.sums - base_sum[:, None]) % m
+    return InterchangePair(base, source, pos, later, counterfactual)
+
+
+@torch.no_grad()
+def lstm_states_at(model: HookedSequenceModel, tokens: Tensor, position: int) -> dict[int, tuple[Tensor, Tensor]]:
+    """(h_t, c_t) of every LSTM block after absolute ``position``, each ``(batch, d_model)``, read from the hooks."""
+    blocks = lstm_blocks(model)
+    names = [f"blocks.{i}.lstm.hook_{k}" for i in blocks for k in ("h", "c")]
+    _, cache = model.run_with_cache(tokens, names_filter=names)
+    return {i: (cache[f"blocks.{i}.lstm.hook_h"][:, position], cache[f"blocks.{i}.lstm.hook_c"][:, position])
+            for i in blocks}
+
+
+def subspace_interchange(base: dict[int, tuple[Tensor, Tensor]], source: dict[int, tuple[Tensor, Tensor]],
+                         blocks: Sequence[int], bases: dict[str, Tensor]) -> dict[int, tuple[Tensor, Tensor]]:
+    """The base's (h_i, c_i) of ``blocks`` with the component in each vector's probe subspace replaced by the
+    source's: ``bases["blocks.{i}.lstm.hook_h"]`` is the orthonormal ``(d, r)`` readout basis of the s_t probe on h_i
+    (likewise c_i); a vector without a basis keeps the base's value."""
+    out = {}
+    for i in blocks:
+        edited = []
+        for k, vb, vs in zip("hc", base[i], source[i], strict=True):
+            q = bases.get(f"blocks.{i}.lstm.hook_{k}")
+            edited.append(vb if q is None else vb + (vs - vb) @ q.to(vb) @ q.to(vb).T)
+        out[i] = (edited[0], edited[1])
+    return out
+
+
+@torch.no_grad()
+def patched_logits(model: HookedSequenceModel, tokens: Tensor, position: int,
+                   states: dict[int, tuple[Tensor, Tensor]]) -> Tensor:
+    """Logits of ``tokens`` with block i's LSTM state after ``position`` set to ``states[i]`` (each (batch, d));
+    the recurrence continues from the set state (``HookedLSTM.override_state``)."""
+    with contextlib.ExitStack() as stack:
+        for i, (h, c) in states.items():
+            stack.enter_context(model.blocks[i].lstm.override_state(position, h, c))
+        return model(tokens)
+
+
+def _cat_states(parts: list[dict[int, tuple[Tensor, Tensor]]]) -> dict[int, tuple[Tensor, Tensor]]:
+    return {i: (torch.cat([p[i][0] for p in parts]), torch.cat([p[i][1] for p in parts])) for i in parts[0]}
+
+
+@torch.no_grad()
+def interchange_intervention(
+    model: HookedSequenceModel, task: TaskConfig, lengths: Iterable[int], n: int = 48, seed: int = 0,
+    fractions: Iterable[float] = PATCH_FRACTIONS, bases: dict[str, np.ndarray] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Interventions per kind, LSTM block (``block = -1``: every block at once), length and position band.
+
+    ``bases[hook]`` is the readout basis (``fit.readout_basis``) of the s_t probe on ``blocks.{i}.lstm.hook_h`` or
+    ``hook_c``; ``subspace`` edits each targeted vector within its own basis (without any basis: no ``subspace``
+    rows). One joint probe on several redundant copies of s_t spreads its weight over them, so editing its readout
+    moves each copy only part of the way: each vector gets its own probe.
+
+    Returns ``(results, controls)``. A results row: ``kind, block, length, test_positions`` (band of the later
+    answers: ``in`` = t <= L_train, ``beyond``, ``all``), ``n``, ``iia`` (patched answers equal to the
+    counterfactual label; for ``same_sum`` that is the base's label), ``changed_frac`` (patched answers that differ
+    from the unpatched ones), ``base_follow``, ``unpatched_cf`` (the chance floor of ``iia``), ``model_acc`` and
+    ``iia_correct`` (``iia`` among the answers the unpatched model gets right). Controls: ``identity_patch`` (the
+    base's own state patched back in changes nothing) and ``same_sum`` (all blocks, per length: passes when at most
+    ``SAME_SUM_MAX`` of the later answers change).
+    """
+    blocks = lstm_blocks(model)
+    if not blocks:
+        return pd.DataFrame(), pd.DataFrame()
+    device = next(model.parameters()).device
+    targets: list[tuple[int, list[int]]] = [(i, [i]) for i in blocks] + ([(-1, blocks)] if len(blocks) > 1 else [])
+    basis_t = {k: torch.as_tensor(v, dtype=torch.float32, device=device) for k, v in (bases or {}).items()}
+    tally: dict[tuple[str, int, int, str], dict[str, float]] = {}
+    identity: dict[tuple[int, int], dict[str, float]] = {}
+    L = task.train_length
+    for length in lengths:
+        ts = sorted({min(length - 1, max(1, round(f * length))) for f in fractions}) if length > 1 else []
+        for k, t in enumerate(ts):
+            pair_seed = PATCH_SEED_BASE + seed * 1_000_000 + length * 100 + k
+            full = interchange_pair(task, length, t, n, pair_seed)
+            same = interchange_pair(task, length, t, n, pair_seed, same_sum=True)
+            pos, b = full.position, full.base.tokens.shape[0]
+            base_tok = full.base.tokens.to(device)
+            states = lstm_states_at(model, torch.cat([base_tok, full.source.tokens.to(device),
+                                                      same.source.tokens.to(device)]), pos)
+            own = {i: (h[:b], c[:b]) for i, (h, c) in states.items()}
+            src = {i: (h[b:2 * b], c[b:2 * b]) for i, (h, c) in states.items()}
+            same_src = {i: (h[2 * b:], c[2 * b:]) for i, (h, c) in states.items()}
+            clean = model(base_tok)
+            pred0 = clean.argmax(-1)
+            later = full.later.to(device)
+            stream_pos = torch.arange(base_tok.shape[1], device=device) - full.base.prefix_len + 1
+            bands = {"in": later & (stream_pos <= L), "beyond": later & (stream_pos > L), "all": later}
+            base_labels = full.base.labels.to(device)
+            if k == len(ts) // 2:  # identity check, once per length (at the middle patch position)
+                for i in blocks:
+                    logits = patched_logits(model, base_tok, pos, {i: own[i]})
+                    identity[(length, i)] = {"changed": float(((logits.argmax(-1) != pred0) & later).sum()),
+                                             "n": float(later.sum()),
+                                             "max_diff": float((logits - clean).abs().max())}
+            for block, patched in targets:
+                runs: list[tuple[str, dict[int, tuple[Tensor, Tensor]], Tensor]] = [
+                    ("full", {i: src[i] for i in patched}, full.counterfactual),
+                    ("same_sum", {i: same_src[i] for i in patched}, same.counterfactual)]
+                if basis_t:
+                    runs.append(("subspace", subspace_interchange(own, src, patched, basis_t),
+                                 full.counterfactual))
+                # one forward for every kind: the kinds' edited states stacked along the batch
+                logits = patched_logits(model, base_tok.repeat(len(runs), 1), pos,
+                                        _cat_states([r[1] for r in runs]))
+                for j, (kind, _, cf) in enumerate(runs):
+                    pred = logits[j * b:(j + 1) * b].argmax(-1)
+                    cf = cf.to(device)
+                    for band, mask in bands.items():
+                        row = tally.setdefault((kind, block, length, band), dict.fromkeys(
+                            ("n", "iia", "changed", "base_follow", "unpatched_cf", "model_acc", "cf_right"), 0.0))
+                        right = pred0 == base_labels
+                        row["n"] += float(mask.sum())
+                        row["iia"] += float(((pred == cf) & mask).sum())
+                        row["changed"] += float(((pred != pred0) & mask).sum())
+                        row["cf_right"] += float(((pred == cf) & right & mask).sum())
+                        row["base_follow"] += float(((pred == base_labels) & mask).sum())
+                        row["unpatched_cf"] += float(((pred0 == cf) & mask).sum())
+                        row["model_acc"] += float((right & mask).sum())
+    results: list[dict[str, Any]] = []
+    for (kind, block, length, band), r in tally.items():
+        if r["n"] == 0:
+            continue
+        results.append({"kind": kind, "block": block, "length": length, "test_positions": band, "n": int(r["n"]),
+                        "iia": r["iia"] / r["n"], "changed_frac": r["changed"] / r["n"],
+                        **{c: r[c] / r["n"] for c in ("base_follow", "unpatched_cf", "model_acc")},
+                        "iia_correct": r["cf_right"] / r["model_acc"] if r["model_acc"] else float("nan")})
+    controls: list[dict[str, Any]] = [
+        {"control": "identity_patch", "length": length, "block": block, "n": int(r["n"]),
+         "changed_frac": r["changed"] / max(r["n"], 1.0), "max_abs_logit_diff": r["max_diff"],
+         "passed": r["changed"] == 0 and r["max_diff"] < IDENTITY_TOL}
+        for (length, block), r in identity.items()]
+    whole = -1 if len(blocks) > 1 else blocks[0]
+    for (kind, block, length, band), r in tally.items():
+        if kind == "same_sum" and block == whole and band == "all" and r["n"]:
+            frac = r["changed"] / r["n"]
+            controls.append({"control": "same_sum", "length": length, "block": block, "n": int(r["n"]),
+                             "changed_frac": frac, "passed": frac <= SAME_SUM_MAX})
+    return pd.DataFrame(results), pd.DataFrame(controls)
