@@ -114,6 +114,27 @@ class TaskConfig:
     def _sample(self, length: int, batch_size: int, g: torch.Generator) -> Batch:
         raise NotImplementedError
 
+    def relabel(self, tokens: Tensor) -> Batch:
+        """The batch that ``tokens`` spell, its labels, masks and running sums recomputed from the tokens alone by
+        the task's rules: what an analysis that edits a sequence (a shortcut test) calls for the edited answers.
+
+        Raises ``ProbeError`` when the tokens are not a sequence of this task (a stream token of the wrong kind, a
+        query whose key is not in the dictionary)."""
+        if tokens.dim() != 2 or tokens.shape[1] <= self.prefix_len:
+            raise ProbeError(f"task {self.name}: relabel needs (batch, prefix {self.prefix_len} + length >= 1) "
+                             f"tokens, got shape {tuple(tokens.shape)}")
+        device = tokens.device
+        tokens = tokens.detach().cpu().long()
+        p = self.prefix_len
+        return self._relabel(tokens[:, :p] if p else None, tokens[:, p:]).to(device)
+
+    def _relabel(self, prefix: Tensor | None, stream: Tensor) -> Batch:
+        raise NotImplementedError
+
+    def _check(self, ok: Tensor, what: str) -> None:
+        if not bool(ok.all()):
+            raise ProbeError(f"task {self.name}: not a {self.name} sequence ({what})")
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, **dataclasses.asdict(self)}
 
@@ -162,6 +183,15 @@ class ModSumConfig(TaskConfig):
         labels = torch.where(state, sums, IGNORE_INDEX)
         return self._assemble(None, x, labels, state, torch.zeros_like(state), sums)
 
+    def _relabel(self, prefix: Tensor | None, stream: Tensor) -> Batch:
+        self._check((stream >= 0) & (stream < self.m), "every stream token must be a number")
+        sums = stream.cumsum(dim=1) % self.m
+        state = torch.ones_like(stream, dtype=torch.bool)
+        if self.last_only:
+            state[:, :-1] = False
+        return self._assemble(None, stream, torch.where(state, sums, IGNORE_INDEX), state, torch.zeros_like(state),
+                              sums)
+
 
 @dataclass(frozen=True)
 class RecallConfig(TaskConfig):
@@ -187,6 +217,19 @@ class RecallConfig(TaskConfig):
         recall = torch.ones_like(stream, dtype=torch.bool)
         sums = torch.zeros_like(stream)
         return self._assemble(prefix, stream, labels, torch.zeros_like(recall), recall, sums)
+
+    def _lookup(self, prefix: Tensor, queries: Tensor, is_query: Tensor) -> Tensor:
+        """The value token that the dictionary ``prefix`` binds to each query key (anything where not a query)."""
+        keys, values = prefix[:, 0 : 2 * self.n_pairs : 2], prefix[:, 1 : 2 * self.n_pairs : 2]
+        match = queries[:, :, None] == keys[:, None, :]
+        self._check(match.any(-1) | ~is_query, "a query whose key is not in the dictionary")
+        return values.gather(1, match.to(torch.int8).argmax(-1))
+
+    def _relabel(self, prefix: Tensor | None, stream: Tensor) -> Batch:
+        assert prefix is not None
+        recall = torch.ones_like(stream, dtype=torch.bool)
+        labels = self._lookup(prefix, stream, recall)
+        return self._assemble(prefix, stream, labels, torch.zeros_like(recall), recall, torch.zeros_like(stream))
 
 
 @dataclass(frozen=True)
@@ -215,6 +258,15 @@ class InterleavedConfig(RecallConfig):
         labels = torch.where(is_query, values.gather(1, q) + self.value_offset, sums)
         return self._assemble(prefix, stream, labels, ~is_query, is_query, sums)
 
+    def _relabel(self, prefix: Tensor | None, stream: Tensor) -> Batch:
+        assert prefix is not None
+        is_query = stream >= self.key_offset
+        self._check((stream >= 0) & (stream < self.value_offset), "every stream token must be a number or a key")
+        x = torch.where(is_query, 0, stream)
+        sums = x.cumsum(dim=1) % self.m
+        labels = torch.where(is_query, self._lookup(prefix, stream, is_query), sums)
+        return self._assemble(prefix, stream, labels, ~is_query, is_query, sums)
+
 
 @dataclass(frozen=True)
 class CoupledConfig(TaskConfig):
@@ -240,6 +292,16 @@ class CoupledConfig(TaskConfig):
         labels = values.gather(1, sums) + self.value_offset
         both = torch.ones_like(x, dtype=torch.bool)
         return self._assemble(prefix, x, labels, both, both.clone(), sums)
+
+    def _relabel(self, prefix: Tensor | None, stream: Tensor) -> Batch:
+        assert prefix is not None
+        self._check((stream >= 0) & (stream < self.m), "every stream token must be a number")
+        residues, values = prefix[:, 0 : 2 * self.m : 2], prefix[:, 1 : 2 * self.m : 2]
+        self._check((residues >= 0) & (residues < self.m), "the dictionary binds residues 0..m-1")
+        table = torch.zeros_like(values).scatter(1, residues, values)
+        sums = stream.cumsum(dim=1) % self.m
+        both = torch.ones_like(stream, dtype=torch.bool)
+        return self._assemble(prefix, stream, table.gather(1, sums), both, both.clone(), sums)
 
 
 TASKS: dict[str, type[TaskConfig]] = {c.name: c for c in (ModSumConfig, RecallConfig, InterleavedConfig, CoupledConfig)}
