@@ -1,0 +1,221 @@
+"""Sweep configs: variants (a preset plus overrides, with a name) x seeds, read from TOML or the command line."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from probe.errors import ProbeError
+from probe.train import PRESETS
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 installs tomli (pyproject)
+    import tomli as tomllib
+
+SWEEP_FILE = "sweep.json"
+"""In a sweep's directory: its config as JSON, so that ``--report`` knows which runs belong to it."""
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_TOP_KEYS = {"name", "seeds", "set", "steps", "task", "variant"}
+_VARIANT_KEYS = {"name", "preset", "set", "seeds", "steps", "task"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A preset plus ``SECTION.FIELD=VALUE`` overrides, run in ``DIR/name/seedS``. ``seeds``, ``steps`` and
+    ``task`` left at None take the sweep's."""
+
+    name: str
+    preset: str
+    overrides: tuple[str, ...] = ()
+    seeds: tuple[int, ...] | None = None
+    steps: int | None = None
+    task: str | None = None
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run of a sweep: exactly ``probe.train`` with these arguments, in ``out``."""
+
+    variant: str
+    preset: str
+    seed: int
+    task: str
+    overrides: tuple[str, ...]
+    steps: int | None
+    out: Path
+
+    @property
+    def key(self) -> str:
+        return f"{self.variant}/seed{self.seed}"
+
+    def train_argv(self, resume: bool = False) -> list[str]:
+        """The ``python -m probe.train`` command line equivalent to this run (what ``--dry-run`` prints)."""
+        argv = [sys.executable, "-m", "probe.train", "--preset", self.preset, "--task", self.task,
+                "--seed", str(self.seed), "--out", str(self.out), "--no-progress"]
+        if self.steps is not None:
+            argv += ["--steps", str(self.steps)]
+        for item in self.overrides:
+            argv += ["--set", item]
+        return argv + (["--resume"] if resume else [])
+
+    def command(self, resume: bool = False) -> str:
+        return shlex.join(self.train_argv(resume))
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Variants x seeds; ``overrides`` apply to every variant, before its own (so a variant's win)."""
+
+    name: str
+    variants: tuple[Variant, ...]
+    seeds: tuple[int, ...] = ()
+    overrides: tuple[str, ...] = ()
+    steps: int | None = None
+    task: str = "interleaved"
+
+    def __post_init__(self) -> None:
+        if not self.variants:
+            raise ProbeError(f"sweep {self.name!r} has no variants: add a [[variant]] table or pass --preset")
+        names = [v.name for v in self.variants]
+        for v in self.variants:
+            if not _NAME.match(v.name):
+                raise ProbeError(f"bad variant name {v.name!r}: use letters, digits, '.', '_' or '-' (a folder name)")
+            if names.count(v.name) > 1:
+                raise ProbeError(f"variant name {v.name!r} is used twice; each variant needs its own folder")
+            if v.preset not in PRESETS:
+                raise ProbeError(f"variant {v.name!r}: unknown preset {v.preset!r}; choose one of {', '.join(PRESETS)}")
+            seeds = self.seeds if v.seeds is None else v.seeds
+            if not seeds:
+                raise ProbeError(f"variant {v.name!r} has no seeds: set seeds = [0, 1, ...] or pass --seeds")
+            if len(set(seeds)) != len(seeds):
+                raise ProbeError(f"variant {v.name!r}: seeds {list(seeds)} repeat a seed")
+
+    def runs(self, out: str | Path) -> list[Run]:
+        """Every run, variant-major in config order, each in ``out/VARIANT/seedS`` (absolute, for remote workers)."""
+        root = Path(out).resolve()
+        return [
+            Run(variant=v.name, preset=v.preset, seed=s, task=v.task or self.task,
+                overrides=self.overrides + v.overrides, steps=v.steps if v.steps is not None else self.steps,
+                out=root / v.name / f"seed{s}")
+            for v in self.variants for s in (self.seeds if v.seeds is None else v.seeds)
+        ]
+
+    def with_command_line(self, seeds: list[int] | None = None, steps: int | None = None,
+                          overrides: list[str] | None = None) -> SweepConfig:
+        """What the command line adds to a config file: ``--seeds`` and ``--steps`` replace every variant's,
+        ``--set`` overrides come last (they win over the file's)."""
+        variants = tuple(
+            replace(v, seeds=None if seeds else v.seeds, steps=None if steps is not None else v.steps,
+                    overrides=v.overrides + tuple(overrides or ()))
+            for v in self.variants
+        )
+        return replace(self, variants=variants, seeds=tuple(seeds) if seeds else self.seeds,
+                       steps=steps if steps is not None else self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The TOML's shape, as JSON (written to ``DIR/sweep.json`` so ``--report`` knows the runs)."""
+        d: dict[str, Any] = {"name": self.name, "seeds": list(self.seeds), "set": list(self.overrides),
+                             "task": self.task}
+        if self.steps is not None:
+            d["steps"] = self.steps
+        d["variant"] = []
+        for v in self.variants:
+            row: dict[str, Any] = {"name": v.name, "preset": v.preset, "set": list(v.overrides)}
+            for key in ("seeds", "steps", "task"):
+                value = getattr(v, key)
+                if value is not None:
+                    row[key] = list(value) if key == "seeds" else value
+            d["variant"].append(row)
+        return d
+
+
+def config_from_dict(d: dict[str, Any], source: str = "sweep config") -> SweepConfig:
+    """Validate the TOML's tables (unknown keys are errors: a misspelt ``seed`` must not silently run seed 0)."""
+    unknown = set(d) - _TOP_KEYS
+    if unknown:
+        raise ProbeError(f"{source}: unknown key(s) {', '.join(sorted(unknown))}; "
+                         f"allowed: {', '.join(sorted(_TOP_KEYS))}")
+    raw_variants = d.get("variant", [])
+    if not isinstance(raw_variants, list):
+        raise ProbeError(f"{source}: 'variant' must be an array of tables ([[variant]])")
+    variants = []
+    for i, v in enumerate(raw_variants):
+        where = f"{source}: variant {i + 1}"
+        if not isinstance(v, dict):
+            raise ProbeError(f"{where}: must be a table")
+        unknown = set(v) - _VARIANT_KEYS
+        if unknown:
+            raise ProbeError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
+                             f"allowed: {', '.join(sorted(_VARIANT_KEYS))}")
+        if "preset" not in v:
+            raise ProbeError(f"{where}: needs a preset (one of {', '.join(PRESETS)})")
+        preset = _typed(v["preset"], str, f"{where}: preset")
+        seeds = v.get("seeds")
+        variants.append(Variant(
+            name=_typed(v.get("name", preset), str, f"{where}: name"), preset=preset,
+            overrides=_overrides(v.get("set", []), f"{where}: set"),
+            seeds=None if seeds is None else _seeds(seeds, f"{where}: seeds"),
+            steps=_steps(v.get("steps"), f"{where}: steps"),
+            task=None if "task" not in v else _typed(v["task"], str, f"{where}: task"),
+        ))
+    return SweepConfig(
+        name=_typed(d.get("name", "sweep"), str, f"{source}: name"), variants=tuple(variants),
+        seeds=_seeds(d.get("seeds", []), f"{source}: seeds"),
+        overrides=_overrides(d.get("set", []), f"{source}: set"), steps=_steps(d.get("steps"), f"{source}: steps"),
+        task=_typed(d.get("task", "interleaved"), str, f"{source}: task"),
+    )
+
+
+def load_config(path: str | Path) -> SweepConfig:
+    """Read a sweep TOML (format: README, section Sweeps)."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            d = tomllib.load(f)
+    except FileNotFoundError:
+        raise ProbeError(f"{path}: no such sweep config") from None
+    except IsADirectoryError:
+        raise ProbeError(f"{path} is a directory; pass a .toml config (or the directory with --report)") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ProbeError(f"{path}: not valid TOML ({e})") from None
+    return config_from_dict(d, str(path))
+
+
+def config_from_presets(presets: list[str], seeds: list[int], task: str = "interleaved") -> SweepConfig:
+    """The ``--preset P [P ...] --seeds S [S ...]`` shorthand: one variant per preset, named after it."""
+    name = "+".join(presets)
+    return SweepConfig(name=name, variants=tuple(Variant(name=p, preset=p) for p in presets),
+                       seeds=tuple(seeds), task=task)
+
+
+def _typed(value: Any, kind: type, where: str) -> Any:
+    if not isinstance(value, kind):
+        raise ProbeError(f"{where} must be a {kind.__name__}, got {value!r}")
+    return value
+
+
+def _seeds(value: Any, where: str) -> tuple[int, ...]:
+    # bool is an int to Python, never a seed
+    if not isinstance(value, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in value):
+        raise ProbeError(f"{where} must be a list of integers, got {value!r}")
+    return tuple(value)
+
+
+def _steps(value: Any, where: str) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ProbeError(f"{where} must be a positive integer, got {value!r}")
+    return value
+
+
+def _overrides(value: Any, where: str) -> tuple[str, ...]:
+    # Checked for shape only: whether SECTION.FIELD exists is the trainer's to say, per run (its log names it).
+    if not isinstance(value, list) or not all(isinstance(s, str) and "=" in s for s in value):
+        raise ProbeError(f"{where} must be a list of \"SECTION.FIELD=VALUE\" strings, got {value!r}")
+    return tuple(value)

@@ -1,0 +1,88 @@
+"""Run a sweep: skip finished runs, hand the others to an executor, show one progress bar over runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from probe import __version__
+from probe.errors import ProbeError
+from probe.sweep.config import SWEEP_FILE, Run, SweepConfig
+from probe.sweep.executors import Executor
+from probe.sweep.worker import LOG, RunOptions, RunResult, WorkerFn, check_final, execute_run, run_state
+
+
+@dataclass
+class SweepOutcome:
+    """Every run's result, in the config's order; wall time of the sweep and of the executor's start-up."""
+
+    results: list[RunResult]
+    wall_s: float
+    startup_s: float = 0.0
+    executor: str = "local"
+    failed: list[RunResult] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.failed = [r for r in self.results if not r.ok]
+
+
+def write_sweep_file(cfg: SweepConfig, out: Path) -> Path:
+    """Write ``DIR/sweep.json`` (the config this sweep ran, for ``--report``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / SWEEP_FILE
+    path.write_text(json.dumps({"probe_version": __version__, "config": cfg.to_dict()}, indent=1))
+    return path
+
+
+def plan(cfg: SweepConfig, out: str | Path) -> list[tuple[Run, str]]:
+    """Every run with its state: finished, trained (to evaluate), interrupted (to resume) or new."""
+    return [(run, run_state(run)) for run in cfg.runs(out)]
+
+
+def run_sweep(cfg: SweepConfig, out: str | Path, executor: Executor, opts: RunOptions | None = None,
+              progress: bool = True, worker: WorkerFn = execute_run) -> SweepOutcome:
+    """Run every unfinished run of ``cfg`` in ``out/VARIANT/seedS`` on ``executor``; never raises for a run's own
+    failure (see ``SweepOutcome.failed``). ``worker`` is what each run executes (tests wrap it to kill workers)."""
+    from tqdm import tqdm
+
+    opts = opts or RunOptions()
+    t0 = time.perf_counter()
+    out = Path(out)
+    write_sweep_file(cfg, out)
+    results: dict[str, RunResult] = {}
+    todo: list[Run] = []
+    runs = cfg.runs(out)
+    for run in runs:
+        if run_state(run) != "finished":
+            todo.append(run)
+            continue
+        try:
+            check_final(run)
+            results[run.key] = RunResult(run.key, "skipped", run.out / LOG)
+        except ProbeError as e:
+            results[run.key] = RunResult(run.key, "failed", run.out / LOG, error=str(e))
+    bar = tqdm(total=len(runs), initial=len(results), desc=cfg.name, unit="run", file=sys.stderr,
+               dynamic_ncols=True, disable=not progress)
+    failed = sum(not r.ok for r in results.values())
+    for result in results.values():
+        if not result.ok:
+            bar.write(f"FAILED {result.key}: {result.error}", file=sys.stderr)
+    try:
+        if todo:
+            executor.start()
+            bar.set_postfix_str(f"running {min(executor.parallelism, len(todo))}, failed {failed}")
+            for n_done, (run, result) in enumerate(executor.map(worker, todo, opts), start=1):
+                results[run.key] = result
+                failed += not result.ok
+                if not result.ok:
+                    bar.write(f"FAILED {run.key}: {result.error} (log: {result.log})", file=sys.stderr)
+                bar.update(1)
+                bar.set_postfix_str(f"running {min(executor.parallelism, len(todo) - n_done)}, failed {failed}")
+    finally:
+        bar.close()
+        executor.close()
+    return SweepOutcome([results[run.key] for run in runs], time.perf_counter() - t0, executor.startup_s,
+                        executor.name)

@@ -1,0 +1,137 @@
+"""One run inside a worker process: train or resume it with ``probe.train``, then evaluate its final.pt."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from probe.checkpoint import load_checkpoint
+from probe.errors import ProbeError
+from probe.evaluate import evaluate_checkpoints, evaluation_envelope
+from probe.sweep.config import Run
+from probe.train import TrainConfig, build_configs, train
+
+LOG, EVAL = "train.log", "eval.json"
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What every run of a sweep shares. ``eval_samples``: sequences per length of the final evaluation."""
+
+    device: str = "cpu"
+    eval_samples: int = 256
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """How a run ended. ``status``: trained, resumed, evaluated (final.pt was there), skipped or failed."""
+
+    key: str
+    status: str
+    log: Path
+    wall_s: float = 0.0
+    error: str | None = None
+    resumed_from: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "failed"
+
+
+WorkerFn = Callable[[Run, RunOptions], RunResult]
+
+
+def run_state(run: Run) -> str:
+    """``finished`` (final.pt and eval.json), ``trained`` (final.pt only), ``interrupted`` (last.pt) or ``new``."""
+    if (run.out / "final.pt").exists():
+        return "finished" if (run.out / EVAL).exists() else "trained"
+    return "interrupted" if (run.out / "last.pt").exists() else "new"
+
+
+def check_final(run: Run) -> None:
+    """A finished run is only reused if it was trained with this run's configs (as ``--resume`` demands)."""
+    model_cfg, task_cfg, train_cfg = build_configs(run.preset, run.task, list(run.overrides), steps=run.steps,
+                                                   seed=run.seed)
+    ckpt = load_checkpoint(run.out / "final.pt")
+    if ckpt.model_config != model_cfg or ckpt.task_config != task_cfg or \
+            TrainConfig.from_dict(ckpt.train_config) != train_cfg:
+        raise ProbeError(f"{run.out / 'final.pt'} was trained with other configs than this sweep's "
+                         f"{run.key}; choose another --out or delete that run folder")
+
+
+def execute_run(run: Run, opts: RunOptions) -> RunResult:
+    """Train (resuming from last.pt if there is one), evaluate into eval.json; never raises for the run's own
+    failures (they come back as ``status="failed"`` with a one-line error, the traceback in train.log)."""
+    t0 = time.perf_counter()
+    run.out.mkdir(parents=True, exist_ok=True)
+    log = run.out / LOG
+    torch.set_num_threads(1)
+    with _output_to(log):
+        state = run_state(run)
+        print(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {run.key} ({state}) pid {os.getpid()} on {opts.device}: "
+              f"{run.command(resume=state == 'interrupted')}", flush=True)
+        try:
+            resumed_from = None
+            if state in ("trained", "finished"):
+                check_final(run)
+                status = "evaluated"
+            else:
+                if state == "interrupted":
+                    resumed_from = load_checkpoint(run.out / "last.pt").step
+                    print(f"resuming from step {resumed_from}", flush=True)
+                model_cfg, task_cfg, train_cfg = build_configs(
+                    run.preset, run.task, list(run.overrides), steps=run.steps, seed=run.seed)
+                train(model_cfg, task_cfg, train_cfg, run.out, opts.device, resume=state == "interrupted",
+                      progress=False)
+                status = "resumed" if state == "interrupted" else "trained"
+            evaluate_run(run, opts)
+        # A run's own failure (bad override, non-finite loss, a bug it triggers) must not stop the other runs of
+        # the sweep: it is caught here, whatever its type, reported in one line, its traceback kept in the log.
+        except Exception as e:
+            traceback.print_exc()
+            error = str(e) if isinstance(e, ProbeError) else f"{type(e).__name__}: {e}"
+            return RunResult(run.key, "failed", log, time.perf_counter() - t0, error.splitlines()[0])
+        wall = time.perf_counter() - t0
+        print(f"=== {run.key}: {status} in {wall:.1f} s", flush=True)
+    return RunResult(run.key, status, log, wall, resumed_from=resumed_from)
+
+
+def evaluate_run(run: Run, opts: RunOptions) -> Path:
+    """``python -m probe.evaluate final.pt --samples N --json`` (lengths 1..4 x L_train) into eval.json, written
+    last and atomically: its presence marks the run finished."""
+    final = run.out / "final.pt"
+    curves = evaluate_checkpoints([final], None, opts.eval_samples, device=opts.device)
+    tmp = run.out / f".{EVAL}.tmp"
+    tmp.write_text(json.dumps(evaluation_envelope(curves, [final]), indent=1))
+    os.replace(tmp, run.out / EVAL)
+    return run.out / EVAL
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """Send this process's stdout and stderr (file descriptors too, so C++ warnings and tracebacks land there)
+    to ``path`` for the duration, then restore them: a pool or Ray worker runs many runs in turn."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "a") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
