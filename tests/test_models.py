@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from probe.errors import ProbeError
+from probe.models import HookedLSTM
 
 from conftest import tiny_model
 
@@ -21,7 +22,8 @@ def spec_hooks(family: str, n_layers: int, pos: str) -> dict[str, tuple[int, ...
         p = f"blocks.{i}."
         shapes |= {p + "hook_resid_pre": (B, T, d), p + "hook_mlp_out": (B, T, d), p + "hook_resid_post": (B, T, d)}
         if family != "transformer":
-            shapes |= {p + "lstm.hook_h": (B, T, d), p + "lstm.hook_c": (B, T, d), p + "hook_lstm_out": (B, T, d)}
+            shapes |= {p + f"lstm.hook_{x}": (B, T, d) for x in "ifgoch"}
+            shapes |= {p + "hook_lstm_out": (B, T, d)}
         if family != "lstm":
             shapes |= {p + f"attn.hook_{x}": (B, T, h, d // h) for x in "qkvz"}
             shapes |= {p + "attn.hook_attn_scores": (B, h, T, T), p + "attn.hook_pattern": (B, h, T, T),
@@ -67,15 +69,17 @@ def test_patching_an_lstm_output_changes_only_later_positions_downstream():
     model = tiny_model("lstm")
     x = tokens()
     base = model(x)
+    # a random direction with a large norm: adding a constant to every feature is what LayerNorm removes exactly
+    direction = 10.0 * torch.randn(16, generator=torch.Generator().manual_seed(7))
 
     def patch(a, hook):
         a = a.clone()
-        a[:, 5] += 1.0
+        a[:, 5] += direction
         return a
 
     out = model.run_with_hooks(x, fwd_hooks=[("blocks.0.hook_lstm_out", patch)])
-    torch.testing.assert_close(out[:, :5], base[:, :5])
-    assert not torch.allclose(out[:, 5:], base[:, 5:])
+    torch.testing.assert_close(out[:, :5], base[:, :5], rtol=0, atol=1e-6)
+    assert (out[:, 5:] - base[:, 5:]).abs().amax(dim=(0, 2)).min() > 1e-2, "every later position moves"
 
 
 def test_backward_hooks_and_incl_bwd():
@@ -116,17 +120,35 @@ def test_no_hook_survives_an_exception_inside_a_hook_context():
 def test_unrolled_lstm_matches_fused():
     model = tiny_model("hybrid", d_model=32)
     x = tokens(1)
-    fused_logits, fused = model.run_with_cache(x, names_filter=lambda n: n.endswith("hook_h"))
-    assert not model.blocks[0].lstm.hook_c.has_hooks()
-    unrolled_logits, unrolled = model.run_with_cache(x, names_filter=lambda n: n.endswith(("hook_h", "hook_c")))
-    for i in range(2):
-        torch.testing.assert_close(unrolled[f"blocks.{i}.lstm.hook_h"], fused[f"blocks.{i}.lstm.hook_h"],
-                                   rtol=0, atol=1e-5)
+    recurrent = lambda n: ".lstm.hook_" in n  # noqa: E731
+    fused_logits, fused = model.run_with_cache(x, names_filter=recurrent)
+    for lstm in model.lstm_layers:
+        lstm.force_unrolled = True
+    unrolled_logits, unrolled = model.run_with_cache(x, names_filter=recurrent)
+    for lstm in model.lstm_layers:
+        lstm.force_unrolled = False
+    assert len(fused) == 12
+    for name in fused:
+        torch.testing.assert_close(unrolled[name], fused[name], rtol=0, atol=1e-5)
     torch.testing.assert_close(unrolled_logits, fused_logits, rtol=0, atol=1e-5)
-    # c_T from the unrolled path is the fused kernel's final cell state
+    # c_T read out beside the fused kernel is the kernel's own final cell state
     lstm = model.blocks[0].lstm
     _, (_, c_n) = lstm.rnn(model.blocks[0].ln_lstm(model.embed(x)))
-    torch.testing.assert_close(unrolled["blocks.0.lstm.hook_c"][:, -1], c_n[0], rtol=0, atol=1e-5)
+    torch.testing.assert_close(fused["blocks.0.lstm.hook_c"][:, -1], c_n[0], rtol=0, atol=1e-5)
+
+
+def test_caching_every_hook_runs_the_fused_kernel(monkeypatch):
+    model = tiny_model("hybrid")
+    x = tokens()
+    base = model(x)
+
+    def no_loop(*args, **kwargs):
+        raise AssertionError("a forward whose hooks only read must not unroll the LSTM")
+
+    monkeypatch.setattr(HookedLSTM, "_unroll", no_loop)
+    logits, cache = model.run_with_cache(x)
+    torch.testing.assert_close(logits, base, rtol=0, atol=1e-5)
+    assert "blocks.1.lstm.hook_c" in cache and "blocks.0.lstm.hook_f" in cache
 
 
 def test_override_state_fused_and_unrolled_agree():
@@ -206,3 +228,179 @@ def test_bad_model_configs_raise():
         ModelConfig(d_model=10, n_heads=4)
     with pytest.raises(ProbeError, match="pos_encoding"):
         ModelConfig(pos_encoding="alibi")
+
+
+# --- causal edits of the recurrent state ----------------------------------------------------------------------------
+def _state(model, x, block: int) -> dict[str, torch.Tensor]:
+    """Block ``block``'s gates and states on the unedited run, from the cache."""
+    _, cache = model.run_with_cache(x, names_filter=lambda n: n.startswith(f"blocks.{block}.lstm."))
+    return {k.rsplit("_", 1)[-1]: v for k, v in cache.items()}
+
+
+def _set_at(t: int, value: torch.Tensor):
+    def hook(a, hook):
+        a[:, t] = value
+        return a
+    return hook
+
+
+def _run_hooked(model, x, hooks, api: str):
+    """The same forward hooks through each of TransformerLens's hook APIs."""
+    if api == "run_with_hooks":
+        return model.run_with_hooks(x, fwd_hooks=hooks)
+    if api == "hooks":
+        with model.hooks(fwd_hooks=hooks):
+            return model(x)
+    for name, fn in hooks:
+        model.add_hook(name, fn)
+    try:
+        return model(x)
+    finally:
+        model.reset_hooks()
+
+
+@pytest.mark.parametrize("family,block", [("lstm", 0), ("lstm", 1), ("hybrid", 0), ("hybrid", 1)])
+@pytest.mark.parametrize("api", ["run_with_hooks", "hooks", "add_hook"])
+def test_editing_hook_h_at_t_is_override_state_at_t(family, block, api):
+    model = tiny_model(family)
+    x, t = tokens(), 4
+    state = _state(model, x, block)
+    h_new = 3 * torch.randn(B, 16, generator=torch.Generator().manual_seed(1))
+    out = _run_hooked(model, x, [(f"blocks.{block}.lstm.hook_h", _set_at(t, h_new))], api)
+    # the recurrence continues from (edited h_t, the run's own c_t)
+    with model.blocks[block].lstm.override_state(t, h_new, state["c"][:, t]):
+        expected = model(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    base = model(x)
+    torch.testing.assert_close(out[:, :t], base[:, :t], rtol=0, atol=1e-6)
+    assert (out[:, t + 1:] - base[:, t + 1:]).abs().amax(dim=(0, 2)).min() > 1e-3, "every later position moves"
+    assert all(not hp.has_hooks() for hp in model.hook_dict.values())
+
+
+@pytest.mark.parametrize("family", ["lstm", "hybrid"])
+def test_editing_hook_c_at_t_moves_h_from_t_on(family):
+    model = tiny_model(family)
+    x, t = tokens(), 4
+    state = _state(model, x, 0)
+    c_new = 3 * torch.randn(B, 16, generator=torch.Generator().manual_seed(2))
+    with model.hooks(fwd_hooks=[("blocks.0.lstm.hook_c", _set_at(t, c_new))]):
+        out, cache = model.run_with_cache(x, names_filter="blocks.0.lstm.hook_h")
+    # h_t is computed from c_t: the state after t is (o_t tanh(c_new), c_new)
+    h_t = state["o"][:, t] * torch.tanh(c_new)
+    with model.blocks[0].lstm.override_state(t, h_t, c_new):
+        expected = model(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    torch.testing.assert_close(cache["blocks.0.lstm.hook_h"][:, t], h_t, rtol=0, atol=1e-6)
+    assert (cache["blocks.0.lstm.hook_h"][:, t] - state["h"][:, t]).abs().max() > 1e-2
+    torch.testing.assert_close(cache["blocks.0.lstm.hook_h"][:, :t], state["h"][:, :t], rtol=0, atol=1e-6)
+
+
+def test_editing_hook_h_and_hook_c_at_t_is_override_state():
+    model = tiny_model("hybrid")
+    x, t = tokens(), 3
+    g = torch.Generator().manual_seed(3)
+    h_new, c_new = torch.randn(B, 16, generator=g), 3 * torch.randn(B, 16, generator=g)
+    out = model.run_with_hooks(x, fwd_hooks=[("blocks.1.lstm.hook_c", _set_at(t, c_new)),
+                                             ("blocks.1.lstm.hook_h", _set_at(t, h_new))])
+    with model.blocks[1].lstm.override_state(t, h_new, c_new):
+        expected = model(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+
+
+def test_zeroing_the_forget_gate_at_t_forgets_the_past():
+    model = tiny_model("lstm")
+    x, t = tokens(), 5
+    state = _state(model, x, 0)
+    out = model.run_with_hooks(x, fwd_hooks=[("blocks.0.lstm.hook_f", _set_at(t, torch.zeros(B, 16)))])
+    c_t = state["i"][:, t] * state["g"][:, t]
+    with model.blocks[0].lstm.override_state(t, state["o"][:, t] * torch.tanh(c_t), c_t):
+        expected = model(x)
+    torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
+    assert (out[:, t:] - model(x)[:, t:]).abs().max() > 1e-3
+
+
+def test_an_edit_after_t_changes_nothing_before_t():
+    model = tiny_model("hybrid")
+    x, t = tokens(), 6
+    base = model(x)
+    hooks = [(f"blocks.{i}.lstm.hook_{p}", _set_at(t, torch.full((B, 16), 0.9))) for i in (0, 1) for p in "fch"]
+    out = model.run_with_hooks(x, fwd_hooks=hooks)
+    torch.testing.assert_close(out[:, :t], base[:, :t], rtol=0, atol=1e-6)
+    assert (out[:, t:] - base[:, t:]).abs().amax(dim=(0, 2)).min() > 1e-3
+
+
+def test_an_edit_that_depends_on_its_input_at_every_step_matches_a_step_by_step_loop():
+    model = tiny_model("lstm", n_layers=1)
+    x = tokens()
+    v = torch.randn(16, generator=torch.Generator().manual_seed(4))
+    calls = []
+
+    def steer(a, hook):
+        calls.append(1)
+        return 0.5 * a + v
+
+    with model.hooks(fwd_hooks=[("blocks.0.lstm.hook_h", steer)]):
+        out, cache = model.run_with_cache(x, names_filter="blocks.0.hook_lstm_out")
+    # the reference: the edit applied inside an explicit loop over time
+    r = model.blocks[0].lstm.rnn
+    inp = model.blocks[0].ln_lstm(model.embed(x))
+    h, c, hs = torch.zeros(B, 16), torch.zeros(B, 16), []
+    for s in range(T):
+        i, f, g, o = (inp[:, s] @ r.weight_ih_l0.T + r.bias_ih_l0 + r.bias_hh_l0 + h @ r.weight_hh_l0.T).chunk(4, -1)
+        c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+        h = 0.5 * (o.sigmoid() * c.tanh()) + v
+        hs.append(h)
+    torch.testing.assert_close(cache["blocks.0.hook_lstm_out"], torch.stack(hs, 1), rtol=0, atol=1e-5)
+    assert len(calls) <= T + 2  # one call per position it settles, and the first two passes
+    plain = model(x)
+    assert (out - plain).abs().max() > 1e-2
+
+
+def test_a_hook_that_never_settles_is_a_probe_error():
+    model = tiny_model("lstm")
+
+    def noise(a, hook):
+        return a + torch.randn_like(a)
+
+    with pytest.raises(ProbeError, match="did not settle"):
+        model.run_with_hooks(tokens(), fwd_hooks=[("blocks.0.lstm.hook_h", noise)])
+    with pytest.raises(ProbeError, match="shape"):
+        model.run_with_hooks(tokens(), fwd_hooks=[("blocks.0.lstm.hook_c", lambda a, hook: a[:, :-1])])
+    assert all(not hp.has_hooks() for hp in model.hook_dict.values())
+
+
+def test_gradients_under_a_state_patch_equal_those_of_override_state():
+    model = tiny_model("hybrid")
+    x, y, t = tokens(), tokens(5), 4
+    g = torch.Generator().manual_seed(6)
+    h_new, c_new = torch.randn(B, 16, generator=g), torch.randn(B, 16, generator=g)
+
+    def grads(loss):
+        model.zero_grad()
+        loss.backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    hooked = grads(model.run_with_hooks(x, labels=y, fwd_hooks=[("blocks.0.lstm.hook_c", _set_at(t, c_new)),
+                                                                ("blocks.0.lstm.hook_h", _set_at(t, h_new))]))
+    with model.blocks[0].lstm.override_state(t, h_new, c_new):
+        expected = grads(model(x, labels=y))
+    assert hooked.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(hooked[name], expected[name], rtol=1e-4, atol=1e-6)
+    reading = grads(model.run_with_hooks(x, labels=y, fwd_hooks=[(lambda n: "lstm" in n, lambda a, hook: None)]))
+    plain = grads(model(x, labels=y))
+    for name in plain:
+        torch.testing.assert_close(reading[name], plain[name], rtol=0, atol=1e-6)
+    assert expected["blocks.0.lstm.rnn.weight_hh_l0"].abs().sum() > 0
+
+
+def test_shipped_checkpoints_load_with_the_new_hook_points():
+    from pathlib import Path
+
+    from probe.checkpoint import load_checkpoint
+
+    paths = sorted(Path(__file__).parents[1].glob("checkpoints/*.pt"))
+    assert paths
+    for path in paths:
+        model = load_checkpoint(path).build_model()  # strict load_state_dict
+        assert not any(".hook_" in k for k in model.state_dict())

@@ -1,10 +1,8 @@
-"""Hooked building blocks: embeddings, positional encodings, the LSTM sublayer, causal attention, the MLP."""
+"""Hooked building blocks: positional encodings, causal attention, the MLP (the LSTM sublayer: ``lstm.py``)."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
@@ -14,6 +12,9 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.errors import ProbeError
 from probe.models.config import ModelConfig
+from probe.models.lstm import HookedLSTM
+
+__all__ = ["MASK_VALUE", "MLP", "CausalAttention", "HookedLSTM", "PosEmbed", "apply_rope", "sinusoidal_table"]
 
 MASK_VALUE = -1e5
 """Score written above the causal diagonal: finite (so attributions through scores stay finite), yet exp() of it
@@ -62,69 +63,6 @@ def apply_rope(x: Float[Tensor, "batch pos head d_head"], positions: Int[Tensor,
     cos, sin = angles.cos()[:, :, None, :], angles.sin()[:, :, None, :]
     x1, x2 = x[..., :half], x[..., half:]
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-
-
-class HookedLSTM(nn.Module):
-    """One LSTM layer as a sublayer. ``hook_h`` (batch pos d_model) always fires; ``hook_c`` only on the unrolled path.
-
-    The fused ``nn.LSTM`` kernel is the default. The cell states ``c_t`` exist only inside that kernel, so when a
-    hook is attached to ``hook_c`` the layer runs an unrolled loop over time with the same weights (tested to agree
-    with the fused path) and calls ``hook_c`` once on the stacked states. ``override_state`` sets (h_t, c_t) at one
-    position and lets the recurrence continue from it: the primitive for interchange interventions.
-    """
-
-    def __init__(self, d_model: int) -> None:
-        super().__init__()
-        self.rnn = nn.LSTM(d_model, d_model, batch_first=True)
-        self.hook_h = HookPoint()
-        self.hook_c = HookPoint()
-        self._override: tuple[int, Tensor, Tensor] | None = None
-        self.force_unrolled = False
-
-    @contextlib.contextmanager
-    def override_state(self, position: int, h: Tensor, c: Tensor) -> Iterator[None]:
-        """Within the block, the state after ``position`` is (h, c) (each ``(batch, d_model)``)."""
-        self._override = (position, h, c)
-        try:
-            yield
-        finally:
-            self._override = None
-
-    def _wants_cell_states(self) -> bool:
-        return self.force_unrolled or self.hook_c.has_hooks()
-
-    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        if self._wants_cell_states():
-            h, c = self.unrolled(x)
-            self.hook_c(c)
-            return self.hook_h(h)
-        if self._override is None:
-            h, _ = self.rnn(x)
-            return self.hook_h(h)
-        t, h_t, c_t = self._override
-        head, _ = self.rnn(x[:, : t + 1])
-        tail, _ = self.rnn(x[:, t + 1 :], (h_t[None].contiguous(), c_t[None].contiguous()))
-        h = torch.cat([head[:, :t], h_t[:, None], tail], dim=1)
-        return self.hook_h(h)
-
-    def unrolled(self, x: Float[Tensor, "batch pos d_model"]) -> tuple[Tensor, Tensor]:
-        """The same recurrence step by step; returns (h, c), each (batch pos d_model)."""
-        r = self.rnn
-        b, t_len, d = x.shape
-        xi = x @ r.weight_ih_l0.T + r.bias_ih_l0 + r.bias_hh_l0
-        h = x.new_zeros(b, d)
-        c = x.new_zeros(b, d)
-        hs, cs = [], []
-        for t in range(t_len):
-            gates = xi[:, t] + h @ r.weight_hh_l0.T
-            i, f, g, o = gates.chunk(4, dim=-1)  # PyTorch's gate order
-            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-            h = torch.sigmoid(o) * torch.tanh(c)
-            if self._override is not None and self._override[0] == t:
-                h, c = self._override[1], self._override[2]
-            hs.append(h)
-            cs.append(c)
-        return torch.stack(hs, dim=1), torch.stack(cs, dim=1)
 
 
 class CausalAttention(nn.Module):
