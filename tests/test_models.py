@@ -14,20 +14,26 @@ B, T = 3, 9
 
 
 def spec_hooks(family: str, n_layers: int, pos: str) -> dict[str, tuple[int, ...]]:
-    d, h = 16, 2
-    shapes: dict[str, tuple[int, ...]] = {"hook_embed": (B, T, d), "hook_logits": (B, T, 43)}
+    """Every hook point of a tiny model (d_model 16, 2 heads, d_mlp 64) and the shape it caches."""
+    d, h, mlp = 16, 2, 64
+    ln = lambda p: {p + "hook_scale": (B, T, 1), p + "hook_normalized": (B, T, d)}  # noqa: E731
+    shapes: dict[str, tuple[int, ...]] = {"hook_embed": (B, T, d), "hook_logits": (B, T, 43), **ln("ln_final.")}
     if family == "transformer" and pos in ("learned", "sinusoidal"):
         shapes["hook_pos_embed"] = (B, T, d)
     for i in range(n_layers):
         p = f"blocks.{i}."
-        shapes |= {p + "hook_resid_pre": (B, T, d), p + "hook_mlp_out": (B, T, d), p + "hook_resid_post": (B, T, d)}
+        shapes |= {p + "hook_resid_pre": (B, T, d), p + "hook_mlp_out": (B, T, d), p + "hook_resid_post": (B, T, d),
+                   p + "hook_resid_mid": (B, T, d), p + "mlp.hook_pre": (B, T, mlp), p + "mlp.hook_post": (B, T, mlp),
+                   **ln(p + "ln_mlp.")}
         if family != "transformer":
             shapes |= {p + f"lstm.hook_{x}": (B, T, d) for x in "ifgoch"}
-            shapes |= {p + "hook_lstm_out": (B, T, d)}
+            shapes |= {p + "hook_lstm_out": (B, T, d), **ln(p + "ln_lstm.")}
         if family != "lstm":
             shapes |= {p + f"attn.hook_{x}": (B, T, h, d // h) for x in "qkvz"}
             shapes |= {p + "attn.hook_attn_scores": (B, h, T, T), p + "attn.hook_pattern": (B, h, T, T),
-                       p + "hook_attn_out": (B, T, d)}
+                       p + "attn.hook_result": (B, T, h, d), p + "hook_attn_out": (B, T, d), **ln(p + "ln_attn.")}
+            if pos == "rope":
+                shapes |= {p + "attn.hook_rot_q": (B, T, h, d // h), p + "attn.hook_rot_k": (B, T, h, d // h)}
     return shapes
 
 

@@ -1,4 +1,4 @@
-"""Hooked building blocks: positional encodings, causal attention, the MLP (the LSTM sublayer: ``lstm.py``)."""
+"""Hooked building blocks: positional encodings, LayerNorm, causal attention, the MLP (the LSTM: ``lstm.py``)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,10 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.errors import ProbeError
 from probe.models.config import ModelConfig
-from probe.models.lstm import HookedLSTM
+from probe.models.lstm import HookedLSTM, listened
 
-__all__ = ["MASK_VALUE", "MLP", "CausalAttention", "HookedLSTM", "PosEmbed", "apply_rope", "sinusoidal_table"]
+__all__ = ["MASK_VALUE", "MLP", "CausalAttention", "HookedLSTM", "HookedLayerNorm", "PosEmbed", "apply_rope",
+           "sinusoidal_table"]
 
 MASK_VALUE = -1e5
 """Score written above the causal diagonal: finite (so attributions through scores stay finite), yet exp() of it
@@ -65,8 +66,32 @@ def apply_rope(x: Float[Tensor, "batch pos head d_head"], positions: Int[Tensor,
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
+class HookedLayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (same parameters and state-dict keys) with TransformerLens's ``hook_scale`` (batch pos 1) and
+    ``hook_normalized`` (batch pos d_model): ``out = (x - mean) / scale * weight + bias``.
+
+    The fused ``F.layer_norm`` runs unless one of the two hooks is attached; then the steps are written out so the
+    hooks see (and can edit) the scale and the normalized vector.
+    """
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__(d_model)
+        self.hook_scale = HookPoint()
+        self.hook_normalized = HookPoint()
+
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        if not (listened(self.hook_scale) or listened(self.hook_normalized)):
+            return F.layer_norm(x, self.normalized_shape, self.weight, self.bias, self.eps)
+        x = x - x.mean(dim=-1, keepdim=True)
+        scale = self.hook_scale((x.pow(2).mean(dim=-1, keepdim=True) + self.eps).sqrt())
+        return self.hook_normalized(x / scale) * self.weight + self.bias
+
+
 class CausalAttention(nn.Module):
-    """Multi-head causal self-attention written out so that q, k, v, scores, pattern and z are hookable."""
+    """Multi-head causal self-attention written out so that q, k, v, scores, pattern, z and each head's output are
+    hookable. With rope, ``hook_rot_q`` / ``hook_rot_k`` see q and k after the rotation (what the scores use).
+    ``hook_result`` (batch pos head d_model) is each head's output ``z_h W_O[h]`` without the bias, so attention's
+    output is ``hook_result.sum(head) + W_O.bias``; it is computed per head only when hooked (else one matmul)."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -79,9 +104,13 @@ class CausalAttention(nn.Module):
         self.hook_q = HookPoint()  # batch pos head d_head
         self.hook_k = HookPoint()
         self.hook_v = HookPoint()
+        if self.rope:
+            self.hook_rot_q = HookPoint()  # batch pos head d_head
+            self.hook_rot_k = HookPoint()
         self.hook_attn_scores = HookPoint()  # batch head query_pos key_pos
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()  # batch pos head d_head
+        self.hook_result = HookPoint()  # batch pos head d_model
 
     def forward(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"]) -> Tensor:
         b, t, _ = x.shape
@@ -90,20 +119,28 @@ class CausalAttention(nn.Module):
         k = self.hook_k(self.W_K(x).view(split))
         v = self.hook_v(self.W_V(x).view(split))
         if self.rope:
-            q, k = apply_rope(q, positions), apply_rope(k, positions)
+            q, k = self.hook_rot_q(apply_rope(q, positions)), self.hook_rot_k(apply_rope(k, positions))
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         scores = self.hook_attn_scores(scores.masked_fill(causal, MASK_VALUE))
         pattern = self.hook_pattern(scores.softmax(dim=-1))
         z = self.hook_z(torch.einsum("bhqk,bkhd->bqhd", pattern, v))
-        return self.W_O(z.reshape(b, t, -1))
+        if not listened(self.hook_result):
+            return self.W_O(z.reshape(b, t, -1))
+        w_o = self.W_O.weight.view(-1, self.n_heads, self.d_head)  # d_model head d_head
+        result = self.hook_result(torch.einsum("bqhd,mhd->bqhm", z, w_o))
+        return result.sum(dim=2) + self.W_O.bias
 
 
 class MLP(nn.Module):
+    """``W_out(gelu(W_in x))`` with ``hook_pre`` (before the GELU) and ``hook_post`` (after), each (batch pos d_mlp)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.W_in = nn.Linear(cfg.d_model, cfg.mlp_dim)
         self.W_out = nn.Linear(cfg.mlp_dim, cfg.d_model)
+        self.hook_pre = HookPoint()
+        self.hook_post = HookPoint()
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.W_out(F.gelu(self.W_in(x)))
+    def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
+        return self.W_out(self.hook_post(F.gelu(self.hook_pre(self.W_in(x)))))

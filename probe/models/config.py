@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from probe.errors import ProbeError
 
 FAMILIES = ("lstm", "transformer", "hybrid")
@@ -52,6 +54,56 @@ class ModelConfig:
     @property
     def mlp_dim(self) -> int:
         return self.d_mlp if self.d_mlp is not None else 4 * self.d_model
+
+    # --- the names TransformerLens's helpers read (``transformer_lens.patching``, ``ActivationCache``) ----------
+    # Properties, not fields: a checkpoint's config stays what it was.
+    @property
+    def device(self) -> torch.device:
+        """The device of the model that holds this config (the model records it when it moves); cpu otherwise."""
+        return self.__dict__.get("_device", torch.device("cpu"))
+
+    def _record_device(self, device: torch.device) -> None:
+        object.__setattr__(self, "_device", torch.device(device))  # frozen: this is bookkeeping, not config
+
+    @property
+    def n_ctx(self) -> int:
+        return self.max_len
+
+    @property
+    def d_vocab(self) -> int:
+        return self.vocab_size
+
+    @property
+    def d_vocab_out(self) -> int:
+        return self.vocab_size
+
+    @property
+    def normalization_type(self) -> str:
+        return "LN"
+
+    @property
+    def final_rms(self) -> bool:
+        return False
+
+    @property
+    def attn_only(self) -> bool:
+        return False
+
+    @property
+    def act_fn(self) -> str:
+        return "gelu"
+
+    @property
+    def n_key_value_heads(self) -> int | None:
+        return None
+
+    @property
+    def positional_embedding_type(self) -> str:
+        return {"learned": "standard", "rope": "rotary"}.get(self.pos_encoding, self.pos_encoding)
+
+    @property
+    def default_prepend_bos(self) -> bool:
+        return False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
+from types import EllipsisType
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -11,13 +14,19 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
-from probe.models.components import MLP, CausalAttention, HookedLSTM, PosEmbed
+from probe.errors import ProbeError
+from probe.models.cache import SequenceActivationCache, unknown_hook
+from probe.models.components import MLP, CausalAttention, HookedLayerNorm, HookedLSTM, PosEmbed
 from probe.models.config import ModelConfig
-from probe.tasks import IGNORE_INDEX
+from probe.tasks import IGNORE_INDEX, TaskConfig
+
+RETURN_TYPES = ("logits", "loss", "both", None)
 
 
 class Block(nn.Module):
     """``[LN -> LSTM] -> [LN -> causal MHA, times the gate] -> LN -> MLP``, each sublayer residual.
+
+    ``hook_resid_mid`` is the stream entering the MLP sublayer (TransformerLens's ``resid_mid``).
 
     The LSTM sublayer exists for ``lstm`` and ``hybrid``, attention for ``transformer`` and ``hybrid``. ``attn_gate``
     is a buffer (0 = off, 1 = on, in between for ramps) that multiplies attention's output, so attention hooks fire
@@ -31,16 +40,17 @@ class Block(nn.Module):
         super().__init__()
         self.hook_resid_pre = HookPoint()
         if cfg.has_lstm:
-            self.ln_lstm = nn.LayerNorm(cfg.d_model)
+            self.ln_lstm = HookedLayerNorm(cfg.d_model)
             self.lstm = HookedLSTM(cfg.d_model)
             self.hook_lstm_out = HookPoint()
         if cfg.has_attention:
-            self.ln_attn = nn.LayerNorm(cfg.d_model)
+            self.ln_attn = HookedLayerNorm(cfg.d_model)
             self.attn = CausalAttention(cfg)
             self.hook_attn_out = HookPoint()
             self.register_buffer("attn_gate", torch.ones(()))
             self.attn_stopgrad = False
-        self.ln_mlp = nn.LayerNorm(cfg.d_model)
+        self.hook_resid_mid = HookPoint()
+        self.ln_mlp = HookedLayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
         self.hook_mlp_out = HookPoint()
         self.hook_resid_post = HookPoint()
@@ -52,6 +62,7 @@ class Block(nn.Module):
         if hasattr(self, "attn"):
             attn_in = x.detach() if self.attn_stopgrad else x
             x = x + self.hook_attn_out(self.attn_gate * self.attn(self.ln_attn(attn_in), positions))
+        x = self.hook_resid_mid(x)
         x = x + self.hook_mlp_out(self.mlp(self.ln_mlp(x)))
         return self.hook_resid_post(x)
 
@@ -62,20 +73,27 @@ class HookedSequenceModel(HookedRootModule):
     >>> from probe.models import ModelConfig, HookedSequenceModel
     >>> model = HookedSequenceModel(ModelConfig(family="hybrid", vocab_size=43, d_model=32, n_layers=2))
     >>> logits, cache = model.run_with_cache(torch.zeros(3, 7, dtype=torch.long))
-    >>> tuple(cache["blocks.1.attn.hook_pattern"].shape)
+    >>> tuple(cache["pattern", 1].shape)
     (3, 4, 7, 7)
+
+    ``run_with_cache`` returns a TransformerLens ``ActivationCache`` (``SequenceActivationCache``); hook names and
+    their semantics are listed in README's "Hooks" section; a misspelled name raises ``UnknownHookError`` (a
+    ``ProbeError`` and a ``KeyError``) naming the nearest ones. ``task`` (optional) gives ``to_str_tokens`` its
+    vocabulary.
     """
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, task: TaskConfig | None = None) -> None:
         super().__init__()
-        self.cfg = cfg
+        # the model's own copy: it records the model's device (cfg.device), which a shared config could not
+        self.cfg = dataclasses.replace(cfg)
+        self.task = task
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.hook_embed = HookPoint()
         if cfg.family == "transformer" and cfg.pos_encoding in ("learned", "sinusoidal"):
             self.pos_embed = PosEmbed(cfg)
             self.hook_pos_embed = HookPoint()
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
-        self.ln_final = nn.LayerNorm(cfg.d_model)
+        self.ln_final = HookedLayerNorm(cfg.d_model)
         self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size)
         self.hook_logits = HookPoint()
         self.setup()
@@ -83,10 +101,21 @@ class HookedSequenceModel(HookedRootModule):
     def forward(
         self, tokens: Int[Tensor, "batch pos"], positions: Int[Tensor, "batch pos"] | None = None,
         labels: Int[Tensor, "batch pos"] | None = None,
-    ) -> Float[Tensor, "batch pos vocab"] | Float[Tensor, ""]:
-        """Logits at every position, or with ``labels`` the mean cross-entropy over labelled positions (a scalar,
-        so that ``run_with_cache(..., labels=y, incl_bwd=True)`` works). ``positions`` (default ``0..T-1``) feeds
-        the positional encoding only."""
+        return_type: Literal["logits", "loss", "both"] | None | EllipsisType = ..., loss_per_token: bool = False,
+    ) -> Float[Tensor, "batch pos vocab"] | Float[Tensor, ""] | tuple[Tensor, Tensor] | None:
+        """Logits at every position (``return_type="logits"``), the cross-entropy against ``labels`` (``"loss"``:
+        the mean over labelled positions, a scalar, so ``run_with_cache(..., labels=y, incl_bwd=True)`` works; with
+        ``loss_per_token`` a (batch, pos) tensor, 0 where unlabelled), ``"both"`` (logits, loss), or None. The default
+        is ``"loss"`` when ``labels`` are given, else ``"logits"``. Every answer is read at its own position, so the
+        loss needs ``labels`` (no next-token shift). ``positions`` (default ``0..T-1``) feeds the positional encoding
+        only."""
+        if return_type is ...:
+            return_type = "logits" if labels is None else "loss"
+        if return_type not in RETURN_TYPES:
+            raise ProbeError(f"return_type must be logits, loss, both or None, not {return_type!r}")
+        if return_type in ("loss", "both") and labels is None:
+            raise ProbeError(f"return_type={return_type!r} needs labels= (the answer at every position, "
+                             "IGNORE_INDEX where nothing is asked)")
         b, t = tokens.shape
         if positions is None:
             positions = torch.arange(t, device=tokens.device).expand(b, t)
@@ -98,9 +127,100 @@ class HookedSequenceModel(HookedRootModule):
         for block in self.blocks:
             x = block(x, positions)
         logits = self.hook_logits(self.unembed(self.ln_final(x)))
-        if labels is None:
+        if return_type == "logits":
             return logits
-        return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX)
+        if return_type is None:
+            return None
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX,
+                               reduction="none" if loss_per_token else "mean")
+        loss = loss.view(b, t) if loss_per_token else loss
+        return loss if return_type == "loss" else (logits, loss)
+
+    # --- TransformerLens idioms -------------------------------------------------------------------------------
+    def run_with_cache(self, *model_args: Any, **kwargs: Any) -> tuple[Any, SequenceActivationCache]:
+        """TransformerLens's ``run_with_cache``; the cache is an ``ActivationCache`` bound to this model."""
+        out, cache = super().run_with_cache(*model_args, **kwargs)
+        return out, SequenceActivationCache(cache, self, has_batch_dim=not kwargs.get("remove_batch_dim", False))
+
+    def get_caching_hooks(self, names_filter: Any = None, *args: Any, **kwargs: Any) -> tuple[dict, list, list]:
+        self._check_names(names_filter)
+        return super().get_caching_hooks(names_filter, *args, **kwargs)
+
+    def add_caching_hooks(self, names_filter: Any = None, *args: Any, **kwargs: Any) -> dict:
+        self._check_names(names_filter)
+        return super().add_caching_hooks(names_filter, *args, **kwargs)
+
+    def add_hook(self, name: str | Callable[[str], bool], hook: Callable, *args: Any, **kwargs: Any) -> None:
+        self._check_names(name)
+        super().add_hook(name, hook, *args, **kwargs)
+
+    def _enable_hook_with_name(self, name: str, hook: Callable, dir: Literal["fwd", "bwd"]) -> None:
+        # the path of model.hooks(...) and run_with_hooks(...) for a hook given by name
+        self._check_names(name)
+        super()._enable_hook_with_name(name, hook, dir)
+
+    def _check_names(self, names: Any) -> None:
+        """A name (or list of names) that is not a hook point is a one-line error naming the nearest ones; a
+        filter function is the caller's business."""
+        for name in [names] if isinstance(names, str) else names if isinstance(names, (list, tuple)) else []:
+            if name not in self.hook_dict:
+                raise unknown_hook(name, self.hook_dict)
+
+    def _apply(self, fn: Callable, recurse: bool = True) -> HookedSequenceModel:
+        module = super()._apply(fn, recurse)
+        self.cfg._record_device(self.embed.weight.device)  # .to() / .cuda() end here
+        return module
+
+    @property
+    def W_E(self) -> Float[Tensor, "vocab d_model"]:
+        return self.embed.weight
+
+    @property
+    def W_U(self) -> Float[Tensor, "d_model vocab"]:
+        return self.unembed.weight.T
+
+    @property
+    def b_U(self) -> Float[Tensor, "vocab"]:
+        return self.unembed.bias
+
+    def tokens_to_residual_directions(self, tokens: int | str | Int[Tensor, "..."]) -> Float[Tensor, "... d_model"]:
+        """The direction in the final residual stream (after centring and dividing by ``ln_final``'s scale) that
+        gives each token's logit: its unembedding row times ``ln_final.weight``. Folding the LN weight in makes
+        ``cache.logit_attrs`` exact for these models, whose LayerNorms are not folded: the attributions of
+        ``decompose_resid(apply_ln=True)`` sum to the logit minus a constant (``b_U`` and ``ln_final.bias``'s
+        share)."""
+        if isinstance(tokens, str):
+            tokens = self.to_single_token(tokens)
+        index = torch.as_tensor(tokens, device=self.unembed.weight.device)
+        return self.unembed.weight[index] * self.ln_final.weight
+
+    def _task(self, task: TaskConfig | None) -> TaskConfig:
+        task = task or self.task
+        if task is None:
+            raise ProbeError("token names come from the task's vocabulary: pass task= or set model.task")
+        if task.vocab_size != self.cfg.vocab_size:
+            raise ProbeError(f"task {task.name} has {task.vocab_size} tokens, the model {self.cfg.vocab_size}")
+        return task
+
+    def to_str_tokens(self, tokens: Int[Tensor, "pos"] | Int[Tensor, "batch pos"],
+                      task: TaskConfig | None = None) -> list[str] | list[list[str]]:
+        """Readable names of tokens (``3`` number, ``k5`` key, ``v2`` value, ``|`` SEP), as
+        ``probe.viz.token_labels``; a batch gives one list per sequence."""
+        from probe.viz import token_labels
+
+        task = self._task(task)
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() == 2:
+            return [token_labels(task, row) for row in tokens]
+        return token_labels(task, tokens.reshape(-1))
+
+    def to_single_token(self, label: str, task: TaskConfig | None = None) -> int:
+        """The token id of one name from ``to_str_tokens`` (``"k5"`` -> the fifth key)."""
+        task = self._task(task)
+        names = self.to_str_tokens(torch.arange(task.vocab_size), task)
+        if label not in names:
+            raise ProbeError(f"no token named {label!r}; names are numbers 0..{task.m - 1}, k0.., v0.. and |")
+        return names.index(label)
 
     # --- attention gates --------------------------------------------------------------------------------
     @property
