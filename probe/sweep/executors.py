@@ -176,8 +176,12 @@ class RayExecutor:
                     run = pending.pop(ref)
                     try:
                         result = ray.get(ref)
-                    except ray.exceptions.RayError as e:  # the worker died more often than max_retries allows
+                    except (ray.exceptions.WorkerCrashedError, ray.exceptions.OutOfMemoryError,
+                            ray.exceptions.NodeDiedError) as e:  # more deaths than max_retries allows
                         result = _died(run, self.retries + 1, f"Ray: {type(e).__name__}")
+                    except ray.exceptions.RayError as e:  # e.g. probe not importable on a cluster's node
+                        error = f"Ray could not run it: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}"
+                        result = RunResult(run.key, "failed", run.out / LOG, error=error)
                     yield run, result
         finally:
             for ref in pending:  # interrupted: stop the rest; they resume from last.pt next time
