@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from probe import attributions as A
 from probe import gradients as G
 from probe.checkpoint import checkpoint_from_model, load_checkpoint, save_checkpoint
+from probe.gradients import controls as C
 from probe.models import HookedSequenceModel
 from probe.train import build_configs
 
@@ -36,10 +36,6 @@ def main(argv: list[str]) -> int:
         default = Path("checkpoints/hybrid-joint.pt")
         path = Path(argv[0]) if argv else (default if default.exists() else preset_checkpoint(Path(tmp)))
         t0 = time.perf_counter()
-        G.analyze([path])  # warm-up: imports, allocator, captum
-        warm = time.perf_counter() - t0
-
-        t0 = time.perf_counter()
         report = G.analyze([path])
         total = time.perf_counter() - t0
 
@@ -47,23 +43,22 @@ def main(argv: list[str]) -> int:
         model = ckpt.build_model()
         phases: dict[str, float] = {}
         for length in G.default_lengths(ckpt.task_config):
-            batch = G.analysis_batch(ckpt.task_config, length, 64, 0)
-            sub = G.analysis_batch(ckpt.task_config, length, 16, 0)
-            for name, fn, data, kw in (("interference", G.interference, batch, {}),
-                                       ("components (gxa)", A.component_attribution, sub, {}),
-                                       ("distance (gxa)", A.distance_attribution, sub, {"max_targets": 16})):
-                t = time.perf_counter()
-                fn(model, data, **kw)
-                phases[f"{name} L={length}"] = time.perf_counter() - t
+            t = time.perf_counter()
+            G.interference(model, G.analysis_batch(ckpt.task_config, length, 64, 0))
+            phases[f"interference L={length}"] = time.perf_counter() - t
         t = time.perf_counter()
-        G.builtin_controls()
-        phases["built-in controls"] = time.perf_counter() - t
+        G.measure_lookahead(model, ckpt.task_config)
+        phases["lookahead"] = time.perf_counter() - t
+        t = time.perf_counter()
+        C.route_disagreement(model, G.analysis_batch(ckpt.task_config, ckpt.task_config.train_length, 16, 0))
+        C.builtin_controls()
+        phases["controls"] = time.perf_counter() - t
 
     cfg = ckpt.model_config
     print(f"checkpoint: {path} ({cfg.family}, d_model {cfg.d_model}, {cfg.n_layers} blocks), torch threads: "
           f"{torch.get_num_threads()}")
-    print(f"default analysis (batch 64, lengths {G.default_lengths(ckpt.task_config)}, gxa attributions): "
-          f"{total:.2f} s (first call incl. warm-up {warm:.2f} s); budget {BUDGET_S:.0f} s: "
+    print(f"default analysis (batch 64, lengths {G.default_lengths(ckpt.task_config)}, lookahead over "
+          f"{G.LookaheadConfig.n_batches} batches): {total:.2f} s; budget {BUDGET_S:.0f} s: "
           f"{'ok' if total <= BUDGET_S else 'OVER'}")
     for name, secs in phases.items():
         print(f"  {name:<28} {secs:6.2f} s")

@@ -68,18 +68,31 @@ class Inputs:
 
     @cached_property
     def gradients_over_training(self) -> Any:
+        """``results/gradients/trajectories_seed0.json`` (the CLI's output over the shipped trajectories; the
+        lookahead takes about 20 s a checkpoint); else computed, small when quick."""
         from probe import gradients
 
-        return gradients.analyze(self.trajectories, seed=self.seed, device=self.device, attr="none",
-                                 batch_size=16 if self.quick else 64)
+        path = self.results / "gradients" / "trajectories_seed0.json"
+        if path.exists() and not self.quick:
+            return gradients.GradientReport.from_json(json.loads(path.read_text()))
+        cfg = gradients.LookaheadConfig(n_batches=2, batch_size=8, eval_batches=1, train_eval_batches=1) \
+            if self.quick else gradients.LookaheadConfig()
+        return gradients.analyze(self.trajectories, seed=self.seed, device=self.device,
+                                 batch_size=16 if self.quick else 64, lookahead_cfg=cfg)
 
     @cached_property
     def gradients_final(self) -> Any:
         from probe import gradients
 
         return gradients.analyze([self.ckpt("hybrid-joint"), self.ckpt("hybrid-dat")], seed=self.seed,
-                                 device=self.device, attr="gxa", batch_size=16 if self.quick else 64,
-                                 attr_batch=4 if self.quick else 16)
+                                 device=self.device, batch_size=16 if self.quick else 64, lookahead_cfg=None)
+
+    @cached_property
+    def attributions_final(self) -> Any:
+        from probe import attributions
+
+        return attributions.analyze([self.ckpt("hybrid-joint"), self.ckpt("hybrid-dat")], seed=self.seed,
+                                    device=self.device, batch_size=4 if self.quick else 32)
 
     @cached_property
     def probes(self) -> list[Any]:
@@ -123,6 +136,12 @@ def _grad_training(i: Inputs) -> Figure:
     return plot_over_training(i.gradients_over_training.interference)
 
 
+def _grad_lookahead(i: Inputs) -> Figure:
+    from probe.gradients import plot_lookahead
+
+    return plot_lookahead(i.gradients_over_training.lookahead)
+
+
 def _grad_blocks(i: Inputs) -> Figure:
     from probe.gradients import plot_blocks
 
@@ -131,15 +150,21 @@ def _grad_blocks(i: Inputs) -> Figure:
 
 
 def _attr_distance(i: Inputs) -> Figure:
-    from probe.attributions import plot_distance
+    from probe.attributions import plot_occlusion
 
-    return plot_distance(i.gradients_final.distance)
+    return plot_occlusion(i.attributions_final.occlusion)
+
+
+def _attr_reads(i: Inputs) -> Figure:
+    from probe.attributions import plot_reads
+
+    return plot_reads(i.attributions_final.reads)
 
 
 def _attr_components(i: Inputs) -> Figure:
     from probe.attributions import plot_components
 
-    return plot_components(i.gradients_final.attributions)
+    return plot_components(i.attributions_final.components)
 
 
 def _probe_heatmap(i: Inputs) -> Figure:
@@ -170,23 +195,36 @@ FIGURES: list[FigureSpec] = [
     FigureSpec("gradient_interference",
                "Gradient interference over training, joint vs DAT (seed 0 trajectories): |g_att|/|g| and the cosines "
                "of the attention-path gradient on the LSTM weights with the recurrent-path gradient of the state loss, "
-               "at L_train and 3 L_train. Dashed: DAT switches attention on.",
+               "at L_train and 3 L_train, on one batch each. Dashed: DAT switches attention on.",
                "python -m probe.gradients checkpoints/trajectories/hybrid-joint checkpoints/trajectories/hybrid-dat",
-               "checkpoints/trajectories/hybrid-{joint,dat}", _grad_training),
+               "results/gradients/trajectories_seed0.json", _grad_training),
+    FigureSpec("gradient_lookahead",
+               "Lookahead over training, joint vs DAT (seed 0 trajectories): first-order change of the training loss "
+               "and of the state loss at L_train and 3 L_train after a small step along -g_att, -g_rec and -g of the "
+               "training loss (averaged over lengths 1-25 as the trainer samples them), ±2 standard errors; raw "
+               "gradients (these snapshots hold no optimizer moments). Above 0 in the 3x column with the training "
+               "loss falling is what the interference hypothesis predicts for g_att.",
+               "python -m probe.gradients checkpoints/trajectories/hybrid-joint checkpoints/trajectories/hybrid-dat",
+               "results/gradients/trajectories_seed0.json", _grad_lookahead),
     FigureSpec("gradient_blocks",
                "Per-block interference of the final joint hybrid: |g_att|/|g| and cosines per LSTM block and length.",
                "python -m probe.gradients checkpoints/hybrid-joint.pt", "checkpoints/hybrid-joint.pt", _grad_blocks),
     FigureSpec("attribution_distance",
-               "Where state answers take their input attribution from, by distance back and by path (recurrent vs "
-               "attention), joint vs DAT hybrid (gradient x activation: fast, but on the shipped checkpoints it "
-               "disagrees with integrated gradients; docs/gradients.md).",
-               "python -m probe.gradients checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt --attr gxa",
+               "Occlusion, joint vs DAT hybrid: fraction of state answers that follow a resampled number to its "
+               "recomputed label, by distance back, with nothing patched (total), with every attention output held "
+               "at its clean value (recurrent only) and with every LSTM output held (attention only); band: 95% "
+               "interval over 32 sequences; square: a resampled dictionary token (flip rate).",
+               "python -m probe.attributions checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt",
                "checkpoints/hybrid-{joint,dat}.pt", _attr_distance),
+    FigureSpec("attribution_reads",
+               "Where attention reads from: value-weighted attention of the state answers by distance back to the "
+               "key, per block, joint vs DAT hybrid; square: the dictionary prefix.",
+               "python -m probe.attributions checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt",
+               "checkpoints/hybrid-{joint,dat}.pt", _attr_reads),
     FigureSpec("attribution_components",
-               "Share of each correct answer's logit attribution per sublayer output (each block's LSTM vs "
-               "attention), per subtask, joint vs DAT hybrid (gradient x activation: fast, but on the shipped "
-               "checkpoints it disagrees with integrated gradients; docs/gradients.md).",
-               "python -m probe.gradients checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt --attr gxa",
+               "Drop of the correct answer's logit when one sublayer output (each block's LSTM or attention) is "
+               "zeroed, per subtask, joint vs DAT hybrid (exact ablation).",
+               "python -m probe.attributions checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt",
                "checkpoints/hybrid-{joint,dat}.pt", _attr_components),
     FigureSpec("probe_heatmap",
                "Linear-probe accuracy for s_t mod m at positions beyond the training range (t > 25) only, per hook "
@@ -205,9 +243,17 @@ FIGURES: list[FigureSpec] = [
                "LSTM block's state: later answers that follow the source under the whole-state and the "
                "probe-subspace interchange, and answers that change under a source with the same s_t.",
                f"python -m probe.probes {_ALL}", _ALL, _probe_compare),
+    FigureSpec("shortcut_tests",
+               "The four shortcut tests that apply to every family, four presets, 95% CIs: state-accuracy drop with "
+               "each block's attention gate (or all) at 0, by length; fraction of answers changed when two numbers "
+               "in the last k positions move by -d and +d (an exact tracker changes none), by length; state-accuracy "
+               "drop inside and after a run of r zeros against the same sequences without it; state-accuracy drop "
+               "when every answer moves k positions later (positional-code index shift, or k leading zeros).",
+               f"python -m probe.shortcuts {_ALL}", _ALL, lambda i: i.shortcut_figures["tests"]),
     FigureSpec("shortcut_drops",
-               "Accuracy drop under positional randomization (random vectors, permutation, offsets) at in-distribution "
-               "lengths, 95% CI over batches; models without a positional code are N/A.",
+               "Position tests at L_train: accuracy drop under a random or permuted positional code (position "
+               "dependence), an index shift +k and k leading zeros (positional offset; answers that stay inside "
+               "the training range), 95% bootstrap CI over sequences; index tests are N/A without a positional code.",
                f"python -m probe.shortcuts {_ALL}", _ALL, lambda i: i.shortcut_figures["drops"]),
     FigureSpec("shortcut_window",
                "Window test: accuracy on recomputed labels and agreement with old predictions when every number more "

@@ -1,23 +1,31 @@
-"""Gradient interference and attributions: the decomposition's controls, captum attributions, trajectories, CLI."""
+"""probe.gradients: every control fails on the broken method it guards against, and passes on the real one."""
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import matplotlib.figure
 import pandas as pd
 import pytest
 import torch
 
-from probe import attributions as A
 from probe import gradients as G
 from probe.checkpoint import checkpoint_from_model, load_checkpoint, save_checkpoint
 from probe.errors import ProbeError
+from probe.gradients import controls as C
+from probe.gradients import lookahead as LA
 from probe.schedules import ScheduleConfig
-from probe.train import TrainConfig, train
+from probe.train import TrainConfig, Trainer, train, train_batch_seed
 
 from conftest import tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def no_hooks(model) -> bool:
@@ -29,62 +37,91 @@ def batch(task):
     return task.sample(8, 24, 0)
 
 
-# --- the decomposition -------------------------------------------------------------------------------------------
-def test_decomposition_matches_the_training_gradient(hybrid, batch):
+# --- broken cuts: what the decomposition controls must catch ----------------------------------------------------
+@contextlib.contextmanager
+def detach_only_q(model):
+    with model.hooks(fwd_hooks=[(lambda n: n.endswith("attn.hook_q"), lambda x, hook: x.detach())]):
+        yield
+
+
+def detach_nothing(model):
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def detach_too_much(model):
+    """Cuts attention and, wrongly, the LSTM outputs as well: a recurrent path is lost."""
+    with G.attention_inputs_detached(model), model.hooks(
+            fwd_hooks=[(lambda n: n.endswith("hook_lstm_out"), lambda x, hook: x.detach())]):
+        yield
+
+
+BROKEN = {"detach_only_q": detach_only_q, "detach_nothing": detach_nothing}
+
+
+def test_g_rec_agrees_with_two_independent_routes(hybrid, batch):
+    assert C.route_disagreement(hybrid, batch) <= C.ROUTE_TOL
+    # the control is not vacuous: attention carries a sizeable part of this gradient
+    total = G.interference(hybrid, batch).set_index("block").loc["all"]
+    assert total.att_ratio > 0.05
+    assert no_hooks(hybrid) and not any(b.attn_stopgrad for b in hybrid.attention_blocks)
+
+
+@pytest.mark.parametrize("broken", BROKEN)
+def test_route_control_fails_when_the_cut_leaves_a_path_open(hybrid, batch, broken):
+    assert C.route_disagreement(hybrid, batch, BROKEN[broken]) > 100 * C.ROUTE_TOL
+
+
+def test_hand_built_two_block_case_is_what_it_claims():
+    model, batch, via_attention = C.known_split_case()
+    _, cache = model.run_with_cache(batch.tokens)
+    markers = [2, 7]  # M1 and M2
+    for i in (0, 1):
+        assert (cache[f"blocks.{i}.hook_lstm_out"][:, markers] == 0).all()
+    pattern = cache["blocks.1.attn.hook_pattern"][:, 0]
+    assert (pattern[:, 6, 2] == 1).all() and (pattern[:, 7, 4] == 1).all()  # exact one-hots
+    err = C.known_split_error()
+    assert err["error"] <= C.KNOWN_SPLIT_TOL
+    assert 0.05 < err["share_expected"] < 0.95  # a split that is neither all nor nothing
+    assert math.isclose(err["share"], err["share_expected"], rel_tol=1e-4)
+    assert all(c["passed"] for c in C.builtin_controls())
+
+
+@pytest.mark.parametrize("broken", [*BROKEN, "detach_too_much"])
+def test_known_split_control_fails_on_a_broken_cut(broken):
+    cut = {**BROKEN, "detach_too_much": detach_too_much}[broken]
+    assert C.known_split_error(cut)["error"] > 0.1
+    assert not C.builtin_controls(cut)[0]["passed"]
+
+
+def test_loss_split_control_fails_on_a_wrong_split(hybrid, batch):
     dec = G.decompose(hybrid, batch)
-    table = dec.table()
-    assert (table.residual <= G.RESIDUAL_TOL).all()
-    assert dec.forward_diff == 0.0
-    # the reference is the gradient of the loss as the trainer computes it
+    assert (dec.table().loss_split_residual <= C.SPLIT_TOL).all()
+    # g (the split's gradients summed) is the gradient the trainer's backward produces
     hybrid.zero_grad()
     hybrid(batch.tokens, labels=batch.labels).backward()
     trained = torch.cat([p.grad.flatten() for ps in G.lstm_parameters(hybrid) for p in ps])
-    v = dec.vectors(None)
-    assert torch.allclose(v["g_att"] + v["g_rec"], trained, rtol=0, atol=1e-6 * float(trained.norm()))
-    # the per-subtask split of g_att is exact
-    assert torch.allclose(v["g_att_state"] + v["g_att_recall"], v["g_att"], atol=1e-7)
-    assert math.isclose(dec.losses["state"] + dec.losses["recall"], hybrid(batch.tokens, labels=batch.labels).item(),
-                        rel_tol=1e-6)
-    assert no_hooks(hybrid)
+    assert torch.allclose(dec.vectors(None)["g"], trained, rtol=0, atol=1e-6 * float(trained.norm()))
+
+    def per_subtask_mean(logits, b):  # each part normalised by its own count: does not sum to the training loss
+        parts = G.split_losses(logits, b)
+        asked = b.answer_mask.sum()
+        n_state = (b.masks["state"] & b.answer_mask).sum()
+        return {"state": parts["state"] * asked / n_state, "recall": parts["recall"] * asked / (asked - n_state)}
+
+    bad = G.decompose(hybrid, batch, split=per_subtask_mean).table()
+    row = C.loss_split_control("x", bad)
+    assert row["value"] > 1e-2 and not row["passed"]
 
 
-def test_attention_reaches_the_lstm_in_a_random_hybrid(hybrid, batch):
-    total = G.interference(hybrid, batch).set_index("block").loc["all"]
-    assert 0 < total.att_ratio < 1
-    assert -1 <= total.cos_att_rec_state <= 1
-
-
-def test_lstm_model_has_exactly_zero_attention_gradient(task, batch):
-    table = G.interference(tiny_model("lstm", task.vocab_size), batch)
-    assert (table.g_att_norm == 0).all() and (table.att_ratio == 0).all()
-    assert (table.g_norm > 0).all()
-    assert table.cos_att_rec.isna().all()  # no direction to compare
-
-
-def test_gates_at_zero_give_exactly_zero_and_are_restored(hybrid, batch):
-    with G.attention_gates(hybrid, 0.0):
-        table = G.interference(hybrid, batch)
-    assert (table.g_att_norm == 0).all()
-    assert hybrid.attention_gates() == [1.0, 1.0]
-    assert G.gate0_control(hybrid, batch) == 0.0
-    assert G.interference(hybrid, batch).g_att_norm.gt(0).all()
-
-
-def test_hand_built_attention_only_case_gives_ratio_one():
-    model, batch = G.attention_only_case()
-    _, cache = model.run_with_cache(batch.tokens)
-    assert (cache["blocks.0.hook_lstm_out"][:, -1] == 0).all()  # the construction: nothing recurrent at the answer
-    table = G.interference(model, batch)
-    assert (table.g_rec_norm == 0).all() and (table.g_norm > 0).all()
-    assert (table.att_ratio == 1.0).all()
-    assert all(c["passed"] for c in G.builtin_controls())
-
-
-def test_hooks_are_removed_even_on_error(hybrid, batch):
+def test_hooks_and_flags_are_restored_even_on_error(hybrid, batch):
     with pytest.raises(RuntimeError), G.attention_inputs_detached(hybrid):
         assert not no_hooks(hybrid)
         raise RuntimeError("boom")
-    assert no_hooks(hybrid)
+    with pytest.raises(RuntimeError), G.attention_stream_detached(hybrid):
+        assert all(b.attn_stopgrad for b in hybrid.attention_blocks)
+        raise RuntimeError("boom")
+    assert no_hooks(hybrid) and not any(b.attn_stopgrad for b in hybrid.attention_blocks)
 
 
 def test_transformer_has_no_answer(task, batch):
@@ -92,54 +129,67 @@ def test_transformer_has_no_answer(task, batch):
         G.decompose(tiny_model("transformer", task.vocab_size), batch)
 
 
-# --- attributions ------------------------------------------------------------------------------------------------
-def test_integrated_gradients_complete_to_the_ablation_effect(hybrid, batch):
-    table = A.component_attribution(hybrid, batch, method="ig", n_steps=32)
-    assert set(table.component) == {"lstm", "attn"} and len(table) == 8
-    assert (table.delta <= 1e-4 * table.logit.abs().max()).all()
-    assert ((table.attribution - table.ablation_effect).abs() <= 1e-4).all()
-    # the ablation effect is checked against an independent ablation: zero the hook point's output
-    row = table[(table.subtask == "state") & (table.block == 1) & (table.component == "attn")].iloc[0]
-    keep, w = A._subtask_weights(batch, "state")
-    f = A.AnswerLogit(hybrid)
-    one = torch.ones(int(keep.sum()))
-    args = (batch.tokens[keep], batch.labels[keep], w[keep])
-    with torch.no_grad():
-        clean = f(one, *args)
-        with hybrid.hooks(fwd_hooks=[("blocks.1.hook_attn_out", lambda x, hook: torch.zeros_like(x))]):
-            ablated = f(one, *args)
-    assert math.isclose(row.ablation_effect, float((clean - ablated).mean()), rel_tol=1e-5, abs_tol=1e-7)
+# --- the lookahead ------------------------------------------------------------------------------------------------
+SMALL = LA.LookaheadConfig(n_batches=6, batch_size=16, eval_batches=2, train_eval_batches=2)
+
+
+def test_training_batch_is_the_trainers_batch(task, tmp_path):
+    trainer = Trainer(tiny_model("hybrid", task.vocab_size).cfg, task, TrainConfig(steps=5, batch_size=8), tmp_path,
+                      progress=False)
+    seen = []
+    forward = trainer.model.forward
+    trainer.model.forward = lambda tokens, *a, **k: seen.append(tokens.clone()) or forward(tokens, *a, **k)
+    trainer.train_step(3)
+    ours = G.training_batch(task, 8, train_batch_seed(0, 3))
+    assert torch.equal(seen[0], ours.tokens)
+    lengths = {G.training_batch(task, 2, s).length for s in range(200)}
+    assert lengths == set(range(1, task.train_length + 1))  # every training length, and no other
+
+
+def test_lookahead_first_order_matches_a_real_step(hybrid, task):
+    rows = G.measure_lookahead(hybrid, task, cfg=SMALL)
+    assert set(rows.part) == {"att", "rec", "full"} and set(rows["loss"]) == {"train", "state"}
+    assert set(rows.length.dropna()) == {8, 24}
+    assert not rows.preconditioned.any() and (rows.moments == "none").all()
+    assert (rows.first_order_error <= C.FIRST_ORDER_TOL).all()
+    assert (rows.dL_measured != 0).all()  # the step is resolved, not lost in rounding
+    assert C.first_order_control("x", rows)["passed"]
+    # a step along the full gradient of the training loss lowers the held-out training loss here
+    full = rows[(rows.part == "full") & (rows["loss"] == "train")].iloc[0]
+    assert full.dL_measured < 0
     assert no_hooks(hybrid)
 
 
-def test_gated_off_attention_gets_no_attribution(hybrid, batch):
-    with G.attention_gates(hybrid, 0.0):
-        table = A.component_attribution(hybrid, batch, method="gxa")
-    assert (table[table.component == "attn"].attribution == 0).all()
-    assert (table[table.component == "lstm"].attribution.abs() > 0).all()
-    on = A.component_attribution(hybrid, batch, method="gxa")
-    assert (on[on.component == "attn"].attribution.abs() > 0).all()
+@pytest.mark.parametrize("mutation", ["sign", "half"])
+def test_first_order_control_fails_when_the_step_is_not_the_predicted_one(hybrid, task, monkeypatch, mutation):
+    real = LA._apply
+    factor = {"sign": -1.0, "half": 0.5}[mutation]
+    monkeypatch.setattr(LA, "_apply", lambda params, step: real(params, factor * step))
+    row = C.first_order_control("x", G.measure_lookahead(hybrid, task, cfg=SMALL))
+    assert row["value"] > 0.3 and not row["passed"]
 
 
-def test_distance_paths_controls(task, batch):
-    lstm = A.distance_attribution(tiny_model("lstm", task.vocab_size), batch)
-    assert (lstm.att == 0).all() and lstm.rec.sum(dim=1).allclose(torch.ones(len(lstm.t)))
-    model, hb = G.attention_only_case(length=8)
-    dist = A.distance_attribution(model, hb)
-    far = dist.far_share(0).set_index("path").share
-    assert far["recurrent"] == 0.0 and far["attention"] > 0.05
-    prof = dist.profile()
-    assert math.isclose(prof.mass.sum(), 1.0, rel_tol=1e-5)
+def test_lookahead_preconditions_with_the_moments_it_is_given(hybrid, task):
+    theta = torch.cat([p.detach().flatten() for ps in G.lstm_parameters(hybrid) for p in ps])
+    v = torch.rand_like(theta) * 1e-4 + 1e-6
+    moments = LA.Moments(v, step=100, beta2=0.999, eps=1e-8, source="trajectory")
+    pre = G.measure_lookahead(hybrid, task, moments, SMALL)
+    raw = G.measure_lookahead(hybrid, task, None, SMALL)
+    assert pre.preconditioned.all() and (pre.moments == "trajectory").all()
+    assert (pre.first_order_error <= C.FIRST_ORDER_TOL).all()
+    # a non-uniform preconditioner changes the direction, so the changes are not a rescaling of the raw ones
+    ratio = pre.dL_first / raw.dL_first
+    assert ratio.max() - ratio.min() > 0.05 * ratio.abs().max()
 
 
-def test_distance_is_causal_and_ig_converges(hybrid, batch):
-    dist = A.distance_attribution(hybrid, batch, method="ig", n_steps=32, max_targets=3)
-    d = dist._distance()
-    assert ((dist.rec + dist.att)[d < -1].sum() == 0) if (d < -1).any() else True
-    future = (d < 0) & (d != -1)
-    assert float((dist.rec + dist.att)[future].abs().sum()) == 0.0
-    assert max(dist.delta) < A.DELTA_TOL
-    assert len(set(dist.t.tolist())) == 3
+@pytest.mark.parametrize("att_3x,att_train,expected", [
+    (5.0, -5.0, "supports"), (-5.0, -5.0, "refutes"), (0.5, -5.0, "refutes"), (5.0, 0.5, "neither"),
+    (0.0, 0.0, "no attention path")])
+def test_verdict_rule(att_3x, att_train, expected):
+    rows = pd.DataFrame([
+        {"part": "att", "loss": "state", "length": 75, "dL_first": att_3x, "z": att_3x},
+        {"part": "att", "loss": "train", "length": None, "dL_first": att_train, "z": att_train}])
+    assert LA.verdict(rows, 25)["verdict"] == expected
 
 
 # --- checkpoints, trajectories, CLI ------------------------------------------------------------------------------
@@ -161,20 +211,38 @@ def runs(tmp_path_factory):
     return out
 
 
-def test_dat_trajectory_is_zero_before_the_switch(runs):
-    rep = G.analyze([runs["dat"] / "trajectory"], lengths=[8], batch_size=16)
-    total = rep.interference[rep.interference.block == "all"].set_index("step")
-    assert list(total.index) == [0, 20, 40, 60], total
-    assert (total.loc[[0, 20], "g_att_norm"] == 0).all() and (total.loc[[0, 20], "gate"] == 0).all()
-    assert (total.loc[[40, 60], "g_att_norm"] > 0).all()
-    assert rep.attributions.empty  # several checkpoints: no attributions unless asked
-    assert all(c["passed"] for c in rep.controls)
-    snap = load_checkpoint(runs["dat"] / "trajectory" / "step_000020.pt")
-    assert snap.state_dict["embed.weight"].dtype == torch.float16
-    assert snap.build_model().embed.weight.dtype == torch.float32
-    fig = G.plot_over_training(pd.concat([
-        rep.interference, G.analyze([runs["joint"] / "trajectory"], lengths=[8], batch_size=16).interference]))
+def test_moments_from_a_snapshot_and_from_last_pt_agree(runs):
+    snap = load_checkpoint(runs["dat"] / "trajectory" / "step_000060.pt")
+    last = load_checkpoint(runs["dat"] / "last.pt")
+    model = last.build_model()
+    a, b = G.adam_moments(snap, model), G.adam_moments(last, model)
+    assert a.source == "trajectory" and b.source == "optimizer"
+    assert a.step == b.step == 60
+    # two storage routes (names in the snapshot, integer ids in the optimizer state): a wrong id-to-name map would
+    # pair different tensors; bfloat16 storage keeps 3 significant digits
+    torch.testing.assert_close(a.v, b.v, rtol=1e-2, atol=0)
+    assert G.adam_moments(load_checkpoint(runs["dat"] / "trajectory" / "step_000000.pt"), model) is None
+    assert G.adam_moments(load_checkpoint(runs["dat"] / "final.pt"), model) is None
+
+
+def test_trajectory_gate_follows_the_schedule_and_moments_are_used(runs):
+    rep = G.analyze([runs["dat"] / "trajectory", runs["dat"] / "last.pt"], lengths=[8], batch_size=16,
+                    lookahead_cfg=SMALL)
+    total = rep.interference[rep.interference.block == "all"]
+    gates = total.groupby("step").gate.first()
+    assert gates.to_dict() == {0: 0.0, 20: 0.0, 40: 1.0, 60: 1.0}
+    moments = rep.lookahead.groupby("checkpoint").moments.first()
+    assert moments[str(runs["dat"] / "trajectory" / "step_000000.pt")] == "none"
+    assert moments[str(runs["dat"] / "trajectory" / "step_000040.pt")] == "trajectory"
+    assert moments[str(runs["dat"] / "last.pt")] == "optimizer"
+    verdicts = rep.verdicts.set_index("checkpoint").verdict
+    assert verdicts[str(runs["dat"] / "trajectory" / "step_000000.pt")] == "no attention path"
+    assert verdicts[str(runs["dat"] / "last.pt")] != "no attention path"
+    assert all(c["passed"] for c in rep.controls), [c for c in rep.controls if not c["passed"]]
+    fig = G.plot_lookahead(rep.lookahead[rep.lookahead.checkpoint.str.contains("trajectory")])
     assert isinstance(fig, matplotlib.figure.Figure)
+    fig = G.plot_over_training(pd.concat([rep.interference, G.analyze(
+        [runs["joint"] / "trajectory"], lengths=[8], batch_size=16, lookahead_cfg=None).interference]))
     assert {t.get_text() for t in fig.axes[0].get_legend().get_texts()} == {"joint", "delayed"}
 
 
@@ -186,53 +254,66 @@ def test_schedule_gate_at_the_switch(runs):
 
 
 def test_cli_json_and_figures(runs, tmp_path, capsys):
-    rc = G.main([str(runs["joint"] / "final.pt"), "--json", "--length", "8", "--batch", "16", "--attr-batch", "8",
-                 "--out", str(tmp_path / "o")])
+    rc = G.main([str(runs["joint"] / "trajectory"), "--json", "--length", "8", "--batch", "16", "--la-batches", "4",
+                 "--la-eval-batches", "2", "--out", str(tmp_path / "o")])
     assert rc == 0
     obj = json.loads(capsys.readouterr().out)
-    assert obj["command"] == "gradients" and len(obj["checkpoints"]) == 1
-    kinds = {r["analysis"] for r in obj["results"]}
-    assert kinds == {"interference", "attribution", "distance", "far_share"}
+    assert obj["command"] == "gradients" and len(obj["checkpoints"]) == 3
+    assert {r["analysis"] for r in obj["results"]} == {"interference", "lookahead", "lookahead_verdict"}
     assert all("checkpoint" in r for r in obj["results"])
-    assert all(c["passed"] for c in obj["controls"])
-    assert {p.name for p in (tmp_path / "o").iterdir()} >= {"blocks.png", "attribution_distance.png",
-                                                            "components.png", "results.json"}
+    assert {c["control"] for c in obj["controls"]} == {"loss_split", "g_rec_two_routes", "lookahead_first_order",
+                                                      "known_split"}
+    assert all(isinstance(c["passed"], bool) and c["passed"] for c in obj["controls"])
+    assert {p.name for p in (tmp_path / "o").iterdir()} >= {"blocks.png", "interference_over_training.png",
+                                                            "lookahead_over_training.png", "results.json"}
 
 
 def test_cli_human_table(runs, capsys):
-    assert G.main([str(runs["joint"] / "final.pt"), "--length", "8", "--batch", "8", "--attr", "none"]) == 0
+    assert G.main([str(runs["joint"] / "final.pt"), "--length", "8", "--batch", "8", "--la-batches", "3",
+                   "--la-eval-batches", "2"]) == 0
     out = capsys.readouterr().out
-    assert "att_ratio" in out and "controls (" in out and "FAIL" not in out
+    assert "att_ratio" in out and "lookahead" in out and "verdict" in out and "FAIL" not in out
 
 
 def test_cli_answers_the_lstm_part_explicitly(task, tmp_path, capsys):
     path = tmp_path / "lstm.pt"
     save_checkpoint(path, checkpoint_from_model(tiny_model("lstm", task.vocab_size), task))
-    assert G.main([str(path), "--json", "--length", "8", "--batch", "8", "--attr-batch", "4"]) == 0
-    obj = json.loads(capsys.readouterr().out)
-    rows = [r for r in obj["results"] if r["analysis"] == "interference"]
+    assert G.main([str(path), "--json", "--length", "8", "--batch", "8", "--no-lookahead"]) == 0
+    rows = [r for r in json.loads(capsys.readouterr().out)["results"] if r["analysis"] == "interference"]
     assert rows and all(r["g_att_norm"] == 0 and r["cos_att_rec"] is None for r in rows)
-    far = [r for r in obj["results"] if r["analysis"] == "far_share" and r["path"] == "attention"]
-    assert far and all(r["share"] == 0 for r in far)
-    assert G.main([str(path), "--length", "8", "--batch", "8", "--attr", "none"]) == 0
+    assert G.main([str(path), "--length", "8", "--batch", "8", "--no-lookahead"]) == 0
     assert "no attention sublayer" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("case", ["missing", "garbage", "transformer", "empty_dir"])
+@pytest.mark.parametrize("case", ["missing", "garbage", "transformer", "empty_dir", "bad_flag"])
 def test_cli_bad_input_exits_2_with_one_line(case, task, tmp_path, capsys):
+    extra = []
     if case == "missing":
         arg = tmp_path / "nope.pt"
     elif case == "garbage":
         arg = tmp_path / "garbage.pt"
         arg.write_bytes(b"not a checkpoint at all")
-    elif case == "transformer":
+    elif case in ("transformer", "bad_flag"):
         arg = tmp_path / "t.pt"
-        save_checkpoint(arg, checkpoint_from_model(tiny_model("transformer", task.vocab_size), task))
+        family = "transformer" if case == "transformer" else "hybrid"
+        save_checkpoint(arg, checkpoint_from_model(tiny_model(family, task.vocab_size), task))
+        extra = ["--la-step", "0"] if case == "bad_flag" else []
     else:
         arg = tmp_path / "empty"
         arg.mkdir()
-    assert G.main([str(arg)]) == 2
+    assert G.main([str(arg), *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
     if case == "transformer":
         assert "no LSTM" in err
+
+
+def test_modules_run_and_imports_point_one_way():
+    for pkg in ("probe.gradients", "probe.attributions"):
+        done = subprocess.run([sys.executable, "-m", pkg, "--help"], capture_output=True, text=True, cwd=ROOT)
+        assert done.returncode == 0 and "--json" in done.stdout
+    for path in (ROOT / "probe" / "gradients").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(n.startswith("probe.attributions") for n in names), path

@@ -1,0 +1,7 @@
+"""``python -m probe.attributions``."""
+
+import sys
+
+from probe.attributions.cli import main
+
+sys.exit(main())

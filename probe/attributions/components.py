@@ -1,0 +1,51 @@
+"""Which sublayer the answers use: the exact effect of zeroing each block's LSTM or attention output."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from probe.models import HookedSequenceModel
+from probe.tasks import SUBTASKS, Batch
+
+
+def _correct_logit(logits: Tensor, batch: Batch, mask: Tensor) -> Tensor:
+    """Per sequence: mean over the positions in ``mask`` of the correct answer's logit."""
+    correct = logits.gather(-1, batch.labels.clamp(min=0)[..., None])[..., 0]
+    return (correct * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+
+
+def component_ablation(model: HookedSequenceModel, batch: Batch, subtasks: Sequence[str] = SUBTASKS,
+                       ) -> pd.DataFrame:
+    """Rows ``subtask, block, component (lstm | attn), hook, effect, share, logit, acc, acc_ablated``: ``effect`` =
+    mean correct-answer logit minus the same with the component's output (``blocks.{i}.hook_{lstm,attn}_out``)
+    replaced by 0, which is what a gate of 0 does to attention; ``share`` = |effect| / sum over components."""
+    hooks = [n for n in model.hook_dict if n.endswith(("hook_lstm_out", "hook_attn_out"))]
+    rows = []
+    with torch.no_grad():
+        clean = model(batch.tokens)
+        ablated = {}
+        for name in hooks:
+            with model.hooks(fwd_hooks=[(name, lambda x, hook: torch.zeros_like(x))]):
+                ablated[name] = model(batch.tokens)
+    for subtask in subtasks:
+        mask = batch.masks[subtask] & batch.answer_mask
+        keep = mask.any(dim=1)
+        if not keep.any():
+            continue
+        base = _correct_logit(clean, batch, mask)[keep]
+        acc = float(((clean.argmax(-1) == batch.labels) & mask).sum() / mask.sum())
+        effects = {n: float((base - _correct_logit(ablated[n], batch, mask)[keep]).mean()) for n in hooks}
+        total = sum(abs(e) for e in effects.values())
+        for name in hooks:
+            block = int(name.split(".")[1])
+            rows.append({"subtask": subtask, "block": block,
+                         "component": "lstm" if name.endswith("lstm_out") else "attn", "hook": name,
+                         "effect": effects[name], "share": abs(effects[name]) / total if total > 0 else float("nan"),
+                         "logit": float(base.mean()), "acc": acc,
+                         "acc_ablated": float(((ablated[name].argmax(-1) == batch.labels) & mask).sum()
+                                              / mask.sum())})
+    return pd.DataFrame(rows)

@@ -1,0 +1,166 @@
+"""Run the decomposition, the lookahead and their controls on checkpoints and trajectories."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from probe.checkpoint import Checkpoint, load_checkpoint, resolve_checkpoints
+from probe.errors import ProbeError
+from probe.gradients.controls import (
+    ROUTE_TOL,
+    builtin_controls,
+    control_row,
+    first_order_control,
+    loss_split_control,
+    route_disagreement,
+)
+from probe.gradients.decomposition import attention_gates, interference
+from probe.gradients.lookahead import LookaheadConfig, adam_moments, measure_lookahead, verdict
+from probe.models import ModelConfig
+from probe.schedules import Schedule, ScheduleConfig
+from probe.tasks import Batch, TaskConfig
+
+DEFAULT_LOOKAHEAD = LookaheadConfig()
+GRAD_SEED_BASE = 8_000_000_000
+"""Interference batches come from seeds far from training (``seed * 1_000_003 + step``) and evaluation seeds."""
+
+
+def schedule_gate(ckpt: Checkpoint) -> float | None:
+    """The gate the checkpoint's schedule applies at its step (None when the checkpoint records no schedule)."""
+    sched = ckpt.train_config.get("schedule")
+    if not sched or not ckpt.model_config.has_attention:
+        return None
+    try:
+        cfg = ScheduleConfig(**sched)
+    except TypeError:
+        return None
+    switched = (ckpt.extra.get("schedule_state") or {}).get("switched_at")
+    return Schedule(cfg, int(ckpt.train_config.get("steps", 0)), switched_at=switched).gate(ckpt.step)
+
+
+def analysis_batch(task: TaskConfig, length: int, batch_size: int, seed: int,
+                   device: torch.device | str = "cpu") -> Batch:
+    """The batch every checkpoint of an analysis sees at ``length`` (the same across a trajectory)."""
+    return task.sample(length, batch_size, GRAD_SEED_BASE + seed * 1_000_000 + length).to(device)
+
+
+def default_lengths(task: TaskConfig) -> list[int]:
+    return [task.train_length, 3 * task.train_length]
+
+
+def checkpoint_meta(ckpt: Checkpoint) -> dict[str, Any]:
+    """The columns that say which run and step a row comes from."""
+    path = ckpt.path
+    run = str(path.parent.parent if path is not None and path.parent.name == "trajectory" else
+              (path.parent if path is not None else "<memory>"))
+    return {"checkpoint": str(path) if path is not None else ckpt.name, "run": run,
+            "schedule": ckpt.schedule or "none", "seed": ckpt.seed, "step": ckpt.step,
+            "family": ckpt.model_config.family}
+
+
+def check_family(ckpt: Checkpoint | ModelConfig, name: str) -> None:
+    cfg = ckpt.model_config if isinstance(ckpt, Checkpoint) else ckpt
+    if not cfg.has_lstm:
+        raise ProbeError(f"{name}: a {cfg.family} checkpoint has no LSTM, so there is no LSTM-weight gradient to "
+                         "split into attention and recurrent paths; run it on a hybrid or lstm checkpoint")
+
+
+@dataclass
+class GradientReport:
+    """Everything one invocation measured: tidy frames plus control rows."""
+
+    interference: pd.DataFrame
+    lookahead: pd.DataFrame = field(default_factory=pd.DataFrame)
+    verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    controls: list[dict[str, Any]] = field(default_factory=list)
+
+    def rows(self) -> list[dict[str, Any]]:
+        frames = [(self.interference, "interference"), (self.lookahead, "lookahead"),
+                  (self.verdicts, "lookahead_verdict")]
+        return [{"analysis": kind, **r} for df, kind in frames if not df.empty for r in df.to_dict("records")]
+
+    @classmethod
+    def from_json(cls, obj: dict[str, Any]) -> GradientReport:
+        """The report back from the CLI's ``--json`` output (``results.json``)."""
+        rows = pd.DataFrame(obj["results"])
+        if rows.empty:
+            raise ProbeError("the JSON holds no result rows; write it with python -m probe.gradients --json")
+
+        def part(kind: str) -> pd.DataFrame:
+            df = rows[rows.analysis == kind].drop(columns="analysis").dropna(axis=1, how="all")
+            return df.reset_index(drop=True)
+
+        return cls(part("interference"), part("lookahead"), part("lookahead_verdict"), list(obj.get("controls", [])))
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, batch_size: int = 64, seed: int = 0,
+                       device: torch.device | str = "cpu", stored_gate: bool = False,
+                       lookahead_cfg: LookaheadConfig | None = DEFAULT_LOOKAHEAD, progress: bool = False,
+                       ) -> GradientReport:
+    """Interference at each length, the lookahead (unless ``lookahead_cfg`` is None) and the per-checkpoint
+    controls, for one checkpoint."""
+    check_family(ckpt, ckpt.name)
+    meta = checkpoint_meta(ckpt)
+    model = ckpt.build_model(device)
+    gate = None if stored_gate else schedule_gate(ckpt)
+    task = ckpt.task_config
+    lengths = list(lengths or default_lengths(task))
+    frames, controls = [], []
+    la, verdicts = pd.DataFrame(), pd.DataFrame()
+    with attention_gates(model, gate):
+        gates = model.attention_gates()
+        meta_g = {**meta, "gate": gates[0] if gates else 0.0}
+        for length in lengths:
+            batch = analysis_batch(task, length, batch_size, seed, device)
+            frames.append(interference(model, batch).assign(**meta_g, length=length))
+        table = pd.concat(frames, ignore_index=True)
+        controls.append(loss_split_control(meta["checkpoint"], table))
+        # exactness does not depend on the batch size, so this control uses a small batch
+        small = analysis_batch(task, lengths[0], min(batch_size, 16), seed, device)
+        controls.append(control_row(
+            meta["checkpoint"], "g_rec_two_routes", route_disagreement(model, small), ROUTE_TOL,
+            "|g_rec(q, k, v detached) - g_rec(route)| / |g| for the model's stopgrad route and a detached "
+            "hook_attn_out: fails if the method's cut leaves a path through attention open or cuts another"))
+        if lookahead_cfg is not None:
+            moments = adam_moments(ckpt, model)
+            la = measure_lookahead(model, task, moments, lookahead_cfg, seed, device, progress=progress)
+            la = la.assign(**meta_g)
+            controls.append(first_order_control(meta["checkpoint"], la))
+            verdicts = pd.DataFrame([{**meta_g, **verdict(la, task.train_length)}])
+    return GradientReport(table, la, verdicts, controls)
+
+
+def analyze(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, batch_size: int = 64, seed: int = 0,
+            device: torch.device | str = "cpu", stored_gate: bool = False,
+            lookahead_cfg: LookaheadConfig | None = DEFAULT_LOOKAHEAD, progress: bool = False) -> GradientReport:
+    """Every checkpoint in ``paths`` (files, trajectory or run directories, globs), plus the built-in control."""
+    files = resolve_checkpoints([str(p) for p in paths])
+    ckpts = [load_checkpoint(p) for p in files]  # validate every file before spending time on any
+    for c in ckpts:
+        check_family(c, str(c.path))
+    it: Any = ckpts
+    if progress and len(ckpts) > 1:
+        from tqdm.auto import tqdm
+
+        it = tqdm(ckpts, desc="checkpoints", file=sys.stderr, leave=False)
+    reports = [analyze_checkpoint(c, lengths, batch_size, seed, device, stored_gate, lookahead_cfg, progress)
+               for c in it]
+    return GradientReport(
+        interference=_concat([r.interference for r in reports]),
+        lookahead=_concat([r.lookahead for r in reports]),
+        verdicts=_concat([r.verdicts for r in reports]),
+        controls=[c for r in reports for c in r.controls] + builtin_controls(),
+    )
+

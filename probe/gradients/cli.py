@@ -1,0 +1,148 @@
+"""``python -m probe.gradients``: parse, analyse, print the tables and controls, save JSON and figures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from probe.cli import add_common_args, envelope, resolve_device, run_cli, say
+from probe.errors import ProbeError
+from probe.gradients.analysis import GradientReport, analyze
+from probe.gradients.lookahead import LookaheadConfig
+
+DESCRIPTION = """\
+Attention-gradient interference on the LSTM weights: how much of their gradient arrives through attention, and
+what a small step along that part would do to the state loss at the training length and at 3x.
+
+Usage: python -m probe.gradients ckpt.pt (one checkpoint), python -m probe.gradients DIR [DIR ...] (trajectory or
+run directories: curves over training), or a glob. g = dL/dtheta for the LSTM weights theta; g_rec = the same with
+attention's q, k, v detached (every path through attention cut); g_att = g - g_rec. Definitions and what each
+control catches: docs/gradients.md."""
+
+HELP_COLUMNS = """\
+JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "seed", "step", "family", "gate".
+  analysis "interference" (per checkpoint, length and block; block "all" = every block together), on one batch at
+    "length": block, g_norm, g_rec_norm, g_att_norm, att_ratio (=|g_att|/|g|), cos_att_rec, cos_att_rec_state,
+    cos_att_state_rec_state, cos_att_recall_rec_state, g_att_state_norm, g_att_recall_norm, loss_split_residual,
+    loss, loss_state, loss_recall, n_state, n_recall. Cosines are null where a vector is 0.
+  analysis "lookahead" (per checkpoint, part and target): part (att | rec | full: the step is -eta * d_part, d_part
+    the training-loss gradient part averaged over n_batches batches drawn as the trainer draws them, AdamW-
+    preconditioned when preconditioned is true), loss (train: the training loss on held-out training batches |
+    state: the state-subtask loss), length (the evaluation length; null for train), moments (trajectory |
+    optimizer | none), eta, rel_step (|eta d_full| / |theta|), dL_first (first-order change -eta <grad, d_part>),
+    dL_se (its standard error: dL_se_batches over direction batches and dL_se_eval over evaluation batches, in
+    quadrature), z (= dL_first / dL_se), dL_measured (the change after the real step, float64), first_order_error,
+    loss_before, n_batches, n_eval_sequences.
+  analysis "lookahead_verdict" (per checkpoint): verdict (supports | refutes | neither | no attention path),
+    detail, dL_state_3x_att, z_state_3x_att, dL_train_att, z_train_att. "supports": the attention-path step
+    raises the 3x state loss (z > 2) and lowers the training loss (z < -2); "refutes": it does not raise it.
+controls rows: checkpoint, control, value, threshold, passed, what (what failure it reveals)."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m probe.gradients", description=DESCRIPTION, epilog=HELP_COLUMNS,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", nargs="+", help="checkpoint files, trajectory or run directories, or globs")
+    parser.add_argument("--batch", type=int, default=64, help="sequences per batch (default 64)")
+    parser.add_argument("--length", default=None,
+                        help="interference lengths: 25,75 or START:STOP[:STEP] (default: the training length and 3x)")
+    parser.add_argument("--no-lookahead", action="store_true", help="only the interference table (fast)")
+    parser.add_argument("--la-batches", type=int, default=LookaheadConfig.n_batches,
+                        help=f"training-distribution batches averaged into each step direction "
+                             f"(default {LookaheadConfig.n_batches})")
+    parser.add_argument("--la-eval-batches", type=int, default=LookaheadConfig.eval_batches,
+                        help=f"batches per evaluation length, and of held-out training batches "
+                             f"(default {LookaheadConfig.eval_batches})")
+    parser.add_argument("--la-step", type=float, default=LookaheadConfig.rel_step,
+                        help="size of the lookahead step, |eta d_full| / |theta| "
+                             f"(default {LookaheadConfig.rel_step:g})")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads for torch (default 1: these small models run fastest on one; 0 = torch's "
+                             "default)")
+    parser.add_argument("--stored-gate", action="store_true",
+                        help="use the gate stored in the checkpoint, not the schedule's gate at its step")
+    add_common_args(parser)
+
+    def body(args: argparse.Namespace) -> dict[str, Any]:
+        from probe.evaluate import parse_lengths
+
+        torch.manual_seed(args.seed)
+        if args.threads > 0:
+            torch.set_num_threads(args.threads)
+        if min(args.batch, args.la_batches, args.la_eval_batches) < 1 or not args.la_step > 0:
+            raise ProbeError("--batch, --la-batches and --la-eval-batches must be positive integers and --la-step "
+                             "a positive number")
+        lengths = parse_lengths(args.length) if args.length else None
+        cfg = None if args.no_lookahead else LookaheadConfig(
+            n_batches=args.la_batches, batch_size=args.batch, eval_batches=args.la_eval_batches,
+            train_eval_batches=args.la_eval_batches, rel_step=args.la_step)
+        report = analyze(args.checkpoints, lengths, args.batch, args.seed, resolve_device(args.device),
+                         args.stored_gate, cfg, progress=not args.json)
+        result = envelope("gradients", sorted(report.interference.checkpoint.unique().tolist()), report.rows(),
+                          report.controls)
+        say(args, format_report(report))
+        if args.out:
+            write_outputs(report, result, Path(args.out))
+            say(args, f"\nwrote figures and results.json to {args.out}")
+        return result
+
+    return run_cli(parser, body, argv)
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4f}"
+
+
+def format_report(report: GradientReport) -> str:
+    t = report.interference
+    cols = ["step", "gate", "length", "block", "att_ratio", "cos_att_rec", "cos_att_rec_state", "g_norm"]
+    lines = []
+    for ckpt, df in t.groupby("checkpoint", sort=False):
+        lines.append(f"\n{ckpt}  ({df.family.iloc[0]}, schedule {df.schedule.iloc[0]}, seed {df.seed.iloc[0]})")
+        lines.append(df[cols].to_string(index=False, float_format=_fmt))
+        if df.family.iloc[0] == "lstm":
+            lines.append("  lstm model: no attention sublayer, so g_att = 0 and g = g_rec by construction")
+    la = report.lookahead
+    if not la.empty:
+        lines.append("\nlookahead: first-order change of each loss after a step -eta * d_part (measured: after the "
+                     "real step); +- = standard error")
+        for ckpt, df in la.groupby("checkpoint", sort=False):
+            pre = df.moments.iloc[0]
+            lines.append(f"{ckpt}  step {df.step.iloc[0]}, gate {df.gate.iloc[0]:g}, "
+                         f"{'AdamW-preconditioned (' + pre + ' moments)' if pre != 'none' else 'raw gradient'}, "
+                         f"eta {df.eta.iloc[0]:.3g}")
+            for _, r in df.iterrows():
+                target = "train loss    " if r["loss"] == "train" else f"state L {int(r['length']):<5d} "
+                lines.append(f"  {r.part:<4} {target} {r.dL_first:+.3e} +- {r.dL_se:.1e}  (z {r.z:+.1f})  "
+                             f"measured {r.dL_measured:+.3e}")
+        for _, v in report.verdicts.iterrows():
+            lines.append(f"verdict {v.checkpoint}: {v.verdict} ({v.detail})")
+    lines.append("\ncontrols (worst value over checkpoints; every row is in the JSON):")
+    ctl = pd.DataFrame(report.controls)
+    for name, g in ctl.groupby("control", sort=False):
+        worst = g.loc[g.value.idxmax()]
+        lines.append(f"  {'ok  ' if g.passed.all() else 'FAIL'} {name:<22} {worst.value:.3g} (<= {worst.threshold:g})"
+                     f"  {int(g.passed.sum())}/{len(g)} passed  {worst.what}")
+    return "\n".join(lines)
+
+
+def write_outputs(report: GradientReport, result: dict[str, Any], out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from probe.gradients.plots import plot_blocks, plot_lookahead, plot_over_training
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    figs = {"blocks.png": plot_blocks(report.interference)}
+    if report.interference.step.nunique() > 1:
+        figs["interference_over_training.png"] = plot_over_training(report.interference)
+        if not report.lookahead.empty:
+            figs["lookahead_over_training.png"] = plot_lookahead(report.lookahead)
+    for name, fig in figs.items():
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)

@@ -1,0 +1,229 @@
+"""The split of the LSTM weights' gradient into the part through attention (g_att) and the recurrent part (g_rec)."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from probe.errors import ProbeError
+from probe.models import HookedSequenceModel
+from probe.tasks import IGNORE_INDEX, Batch
+
+LSTM_PARAMS = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
+ATTENTION_INPUTS = ("attn.hook_q", "attn.hook_k", "attn.hook_v")
+
+Cut = Callable[[HookedSequenceModel], AbstractContextManager[Any]]
+"""A way to remove every gradient path through attention while keeping the forward values: ``cut(model)`` is a
+context manager. The analysis uses ``attention_inputs_detached``; the controls compare it with the others."""
+
+
+def _is_attention_input(name: str) -> bool:
+    return name.endswith(ATTENTION_INPUTS)
+
+
+def _detach(x: Tensor, hook: Any) -> Tensor:
+    return x.detach()
+
+
+@contextlib.contextmanager
+def attention_inputs_detached(model: HookedSequenceModel) -> Iterator[None]:
+    """Within the block, every attention sublayer's q, k and v are detached (the method's cut): same forward
+    values, no gradient through attention. The hooks are removed on exit, also on an exception."""
+    with model.hooks(fwd_hooks=[(_is_attention_input, _detach)]):
+        yield
+
+
+@contextlib.contextmanager
+def attention_stream_detached(model: HookedSequenceModel) -> Iterator[None]:
+    """The model's own route (``Block.attn_stopgrad``, what the ``stopgrad`` schedule trains with): the residual
+    stream is detached where it enters each attention sublayer, before attention's LayerNorm."""
+    before = [b.attn_stopgrad for b in model.attention_blocks]
+    model.set_attention_stopgrad(True)
+    try:
+        yield
+    finally:
+        for block, value in zip(model.attention_blocks, before, strict=True):
+            block.attn_stopgrad = value
+
+
+@contextlib.contextmanager
+def attention_output_detached(model: HookedSequenceModel) -> Iterator[None]:
+    """A third route: the gated attention output (``blocks.{i}.hook_attn_out``) is detached where it joins the
+    stream."""
+    with model.hooks(fwd_hooks=[(lambda n: n.endswith("hook_attn_out"), _detach)]):
+        yield
+
+
+@contextlib.contextmanager
+def attention_gates(model: HookedSequenceModel, value: float | Sequence[float] | None) -> Iterator[None]:
+    """Within the block the gates are ``value`` (None: unchanged); the previous gates come back on exit."""
+    before = model.attention_gates()
+    if value is not None and before:
+        model.set_attention_gate(value)
+    try:
+        yield
+    finally:
+        if before:
+            model.set_attention_gate(before)
+
+
+def lstm_parameters(model: HookedSequenceModel) -> list[list[torch.nn.Parameter]]:
+    """theta: per block with an LSTM, its four LSTM tensors."""
+    return [[getattr(layer.rnn, n) for n in LSTM_PARAMS] for layer in model.lstm_layers]
+
+
+def lstm_parameter_names(model: HookedSequenceModel) -> list[str]:
+    """The state-dict names of theta, flattened in the order of ``lstm_parameters``."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [names[id(p)] for ps in lstm_parameters(model) for p in ps]
+
+
+def check_has_lstm(model: HookedSequenceModel) -> list[torch.nn.Parameter]:
+    theta = [p for ps in lstm_parameters(model) for p in ps]
+    if not theta:
+        raise ProbeError("this model has no LSTM sublayer, so there are no LSTM weights whose gradient could be "
+                         "split (a transformer); run the analysis on a hybrid or lstm checkpoint")
+    return theta
+
+
+def split_losses(logits: Tensor, batch: Batch) -> dict[str, Tensor]:
+    """``state`` and ``recall`` parts that sum exactly to the training loss (mean CE over labelled positions)."""
+    ce = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX,
+                         reduction="none").view_as(batch.labels)
+    asked = batch.answer_mask
+    n = asked.sum().clamp(min=1)
+    state = batch.masks["state"] & asked
+    recall = batch.masks["recall"] & asked & ~state
+    other = asked & ~state & ~recall  # none in probe's tasks; kept so the parts always sum to the loss
+    return {"state": (ce * state).sum() / n, "recall": (ce * recall).sum() / n + (ce * other).sum() / n}
+
+
+def state_loss(logits: Tensor, batch: Batch) -> Tensor:
+    """Mean CE over the state answers only (the lookahead's target at an evaluation length)."""
+    ce = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX,
+                         reduction="none").view_as(batch.labels)
+    state = batch.masks["state"] & batch.answer_mask
+    return (ce * state).sum() / state.sum().clamp(min=1)
+
+
+def flat_grad(loss: Tensor, params: list[torch.nn.Parameter], retain: bool = False) -> Tensor:
+    """d loss / d params, flattened and concatenated (zeros where a parameter is not reached)."""
+    gs = torch.autograd.grad(loss, params, retain_graph=retain, allow_unused=True)
+    return torch.cat([(torch.zeros_like(p) if g is None else g).flatten() for g, p in zip(gs, params, strict=True)])
+
+
+def recurrent_gradient(model: HookedSequenceModel, batch: Batch, cut: Cut = attention_inputs_detached) -> Tensor:
+    """g_rec of the training loss on ``batch``, with attention's paths removed by ``cut``."""
+    theta = check_has_lstm(model)
+    with torch.enable_grad(), cut(model):
+        loss = model(batch.tokens, labels=batch.labels)
+        return flat_grad(loss, theta)
+
+
+@dataclass
+class Decomposition:
+    """Flattened per-block gradients of one batch. Keys of each dict: ``state``, ``recall`` (loss parts)."""
+
+    g: list[dict[str, Tensor]]
+    g_rec: list[dict[str, Tensor]]
+    g_ref: list[Tensor]
+    losses: dict[str, float]
+    counts: dict[str, int]
+
+    @property
+    def n_blocks(self) -> int:
+        return len(self.g)
+
+    def vectors(self, block: int | None) -> dict[str, Tensor]:
+        """``g, g_rec, g_att`` and their ``_state`` / ``_recall`` parts, plus ``g_ref``, for one block (None: all)."""
+        idx = range(self.n_blocks) if block is None else [block]
+
+        def cat(parts: list[Tensor]) -> Tensor:
+            return torch.cat([parts[i] for i in idx])
+
+        out: dict[str, Tensor] = {"g_ref": cat(self.g_ref)}
+        for s in ("state", "recall"):
+            out[f"g_{s}"] = cat([d[s] for d in self.g])
+            out[f"g_rec_{s}"] = cat([d[s] for d in self.g_rec])
+            out[f"g_att_{s}"] = out[f"g_{s}"] - out[f"g_rec_{s}"]
+        for name in ("g", "g_rec", "g_att"):
+            out[name] = out[f"{name}_state"] + out[f"{name}_recall"]
+        return out
+
+    def table(self) -> pd.DataFrame:
+        """One row per block and one with ``block="all"``; columns documented in the CLI's --help."""
+        rows = []
+        for block in [*range(self.n_blocks), None]:
+            v = self.vectors(block)
+            norm = {k: float(t.norm()) for k, t in v.items()}
+            rows.append({
+                "block": "all" if block is None else block,
+                "g_norm": norm["g"], "g_rec_norm": norm["g_rec"], "g_att_norm": norm["g_att"],
+                "att_ratio": ratio(norm["g_att"], norm["g"]),
+                "cos_att_rec": cosine(v["g_att"], v["g_rec"]),
+                "cos_att_rec_state": cosine(v["g_att"], v["g_rec_state"]),
+                "cos_att_state_rec_state": cosine(v["g_att_state"], v["g_rec_state"]),
+                "cos_att_recall_rec_state": cosine(v["g_att_recall"], v["g_rec_state"]),
+                "g_att_state_norm": norm["g_att_state"], "g_att_recall_norm": norm["g_att_recall"],
+                "loss_split_residual": ratio(float((v["g"] - v["g_ref"]).norm()), norm["g_ref"]),
+                "loss": self.losses["all"], "loss_state": self.losses["state"], "loss_recall": self.losses["recall"],
+                "n_state": self.counts["state"], "n_recall": self.counts["recall"],
+            })
+        return pd.DataFrame(rows)
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def cosine(a: Tensor, b: Tensor) -> float:
+    """Cosine similarity; NaN when either vector is exactly zero (no direction to compare)."""
+    na, nb = float(a.norm()), float(b.norm())
+    if na == 0 or nb == 0:
+        return math.nan
+    return float(a @ b) / (na * nb)
+
+
+def decompose(model: HookedSequenceModel, batch: Batch, cut: Cut = attention_inputs_detached,
+              split: Callable[[Tensor, Batch], dict[str, Tensor]] = split_losses) -> Decomposition:
+    """``g``, ``g_rec`` (per loss part) and the gradient of the model's own loss (``g_ref``), for every block.
+    ``cut`` and ``split`` are parameters so that the tests can break the method and watch the controls fail."""
+    theta = lstm_parameters(model)
+    flat = check_has_lstm(model)
+    sizes = [sum(p.numel() for p in ps) for ps in theta]
+
+    def per_block(v: Tensor) -> list[Tensor]:
+        return list(v.split(sizes))
+
+    with torch.enable_grad():
+        parts = split(model(batch.tokens), batch)
+        g = {s: per_block(flat_grad(parts[s], flat, retain=s == "state")) for s in ("state", "recall")}
+        with cut(model):
+            parts_rec = split(model(batch.tokens), batch)
+        g_rec = {s: per_block(flat_grad(parts_rec[s], flat, retain=s == "state")) for s in ("state", "recall")}
+        # the reference: the training loss as the model computes it, in a forward pass of its own
+        g_ref = per_block(flat_grad(model(batch.tokens, labels=batch.labels), flat))
+    asked = batch.answer_mask
+    state = batch.masks["state"] & asked
+    return Decomposition(
+        g=[{s: g[s][i] for s in g} for i in range(len(theta))],
+        g_rec=[{s: g_rec[s][i] for s in g_rec} for i in range(len(theta))],
+        g_ref=g_ref,
+        losses={"all": (parts["state"] + parts["recall"]).item(), "state": parts["state"].item(),
+                "recall": parts["recall"].item()},
+        counts={"state": int(state.sum()), "recall": int((asked & ~state).sum())},
+    )
+
+
+def interference(model: HookedSequenceModel, batch: Batch) -> pd.DataFrame:
+    """The interference table of one model on one batch (see ``Decomposition.table``)."""
+    return decompose(model, batch).table()

@@ -1,0 +1,253 @@
+"""First-order lookahead: what a small step along g_att, g_rec or g of the training loss does to the state loss.
+
+For the LSTM weights theta, ``d_part`` is the descent direction of the *training* loss part (part in att, rec, full),
+averaged over batches drawn as the trainer draws them (length uniform in 1..L_train, one length per batch), and
+preconditioned by AdamW's second moments when the checkpoint holds them: ``d = g / (sqrt(v / (1 - beta2**t)) +
+eps)`` (the first moment is left out: the question is what a step along each gradient part alone would do). For a
+target loss T (the training loss over held-out training batches, or the state-subtask loss at an evaluation length
+L) the first-order change after the step ``theta - eta * d_part`` is ``-eta <grad T, d_part>``; the change is also
+measured by taking that step (in float64, on the same batches). ``eta`` is one number per checkpoint, chosen so that
+the full-gradient step moves theta by ``rel_step * |theta|``, so the three parts are compared at the same step size
+and the first-order change of ``full`` is the sum of the other two.
+
+The paper's interference hypothesis predicts that a step along the attention-path part raises the state loss at 3x
+the training length while it lowers the training loss; a step that lowers or does not change the 3x state loss
+refutes it on that checkpoint.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from probe.checkpoint import Checkpoint
+from probe.gradients.decomposition import (
+    Cut,
+    attention_inputs_detached,
+    check_has_lstm,
+    flat_grad,
+    lstm_parameter_names,
+    state_loss,
+)
+from probe.models import HookedSequenceModel
+from probe.tasks import Batch, TaskConfig
+
+PARTS = ("att", "rec", "full")
+LOOKAHEAD_SEED_BASE = 9_000_000_000
+"""Lookahead batches come from seeds far from training (``seed * 1_000_003 + step``), evaluation and the
+interference batches (``8_000_000_000 + ...``)."""
+Z_SUPPORT = 2.0
+"""|first-order change| / standard error above which a change counts as detected in the verdict."""
+
+
+def training_batch(task: TaskConfig, batch_size: int, seed: int) -> Batch:
+    """One batch drawn as the trainer draws it: a generator seeded with ``seed``, one length uniform in
+    1..L_train, then the batch at that length from the same generator (tested against ``Trainer.train_step``)."""
+    g = torch.Generator().manual_seed(seed)
+    length = int(torch.randint(1, task.train_length + 1, (1,), generator=g))
+    return task.sample(length, batch_size, g)
+
+
+@dataclass
+class Moments:
+    """AdamW's second moments of theta, flattened in the order of ``lstm_parameters``."""
+
+    v: Tensor
+    step: int
+    beta2: float
+    eps: float
+    source: str  # "trajectory" (ckpt.extra["lstm_adam"]) or "optimizer" (ckpt.optimizer_state)
+
+    def precondition(self, g: Tensor) -> Tensor:
+        return g / ((self.v / (1 - self.beta2 ** self.step)).sqrt() + self.eps)
+
+
+def adam_moments(ckpt: Checkpoint, model: HookedSequenceModel) -> Moments | None:
+    """theta's second moments from a checkpoint: a trajectory snapshot's ``extra["lstm_adam"]`` or a full optimizer
+    state (``last.pt``; its integer ids follow the order of ``model.parameters()``). None when it holds neither
+    (older snapshots, weights-only files, the snapshot taken before the first step)."""
+    names = lstm_parameter_names(model)
+    shapes = dict(model.named_parameters())
+    adam = ckpt.extra.get("lstm_adam") or {}
+    if adam.get("exp_avg_sq") and all(n in adam["exp_avg_sq"] for n in names):
+        v = torch.cat([adam["exp_avg_sq"][n].float().reshape(shapes[n].shape).flatten() for n in names])
+        return Moments(v, int(adam["step"]), float(adam["beta2"]), float(adam["eps"]), "trajectory")
+    opt = ckpt.optimizer_state
+    if not opt or not opt.get("state"):
+        return None
+    ids = [i for group in opt["param_groups"] for i in group["params"]]
+    order = [n for n, _ in model.named_parameters()]
+    if len(ids) != len(order):
+        return None  # an optimizer over a different parameter list: its ids cannot be mapped to names
+    by_name = dict(zip(order, ids, strict=True))
+    group_of = {i: group for group in opt["param_groups"] for i in group["params"]}
+    states = [opt["state"].get(by_name[n]) for n in names]
+    if any(s is None or "exp_avg_sq" not in s for s in states):
+        return None
+    group = group_of[by_name[names[0]]]
+    return Moments(torch.cat([s["exp_avg_sq"].float().flatten() for s in states]), int(max(float(s["step"])
+                   for s in states)), float(group["betas"][1]), float(group["eps"]), "optimizer")
+
+
+@dataclass(frozen=True)
+class LookaheadConfig:
+    """Sizes of the lookahead. Defaults keep one checkpoint near 20 s on one CPU thread."""
+
+    n_batches: int = 24          # training-distribution batches whose gradients are averaged into d_part
+    batch_size: int = 64
+    eval_batches: int = 4        # batches per evaluation length for the state-loss targets
+    train_eval_batches: int = 4  # held-out training-distribution batches for the training-loss target
+    rel_step: float = 1e-6       # |eta * d_full| / |theta|
+    lengths: tuple[int, ...] | None = None  # evaluation lengths (default L_train and 3 L_train)
+
+
+@dataclass
+class Target:
+    name: str       # "train" or "state"
+    length: int | None
+    batches: list[Batch]
+
+    def loss(self, model: HookedSequenceModel, batch: Batch) -> Tensor:
+        if self.name == "train":
+            return model(batch.tokens, labels=batch.labels)  # the trainer's loss
+        return state_loss(model(batch.tokens), batch)
+
+
+def _targets(task: TaskConfig, cfg: LookaheadConfig, seed: int, device: torch.device | str) -> list[Target]:
+    base = LOOKAHEAD_SEED_BASE + seed * 10_000_000
+    train = [training_batch(task, cfg.batch_size, base + 5_000_000 + j).to(device)
+             for j in range(cfg.train_eval_batches)]
+    out = [Target("train", None, train)]
+    lengths = cfg.lengths or (task.train_length, 3 * task.train_length)
+    for length in lengths:
+        out.append(Target("state", length, [task.sample(length, cfg.batch_size, base + 6_000_000 + length * 1000 + j)
+                                            .to(device) for j in range(cfg.eval_batches)]))
+    return out
+
+
+def _apply(params: list[torch.nn.Parameter], step: Tensor) -> None:
+    off = 0
+    for p in params:
+        n = p.numel()
+        p.add_(step[off:off + n].view_as(p).to(p.dtype))
+        off += n
+
+
+def measure_lookahead(model: HookedSequenceModel, task: TaskConfig, moments: Moments | None = None,
+              cfg: LookaheadConfig = LookaheadConfig(), seed: int = 0, device: torch.device | str = "cpu",
+              cut: Cut = attention_inputs_detached, progress: bool = False) -> pd.DataFrame:
+    """One row per part (att, rec, full) and target (``loss`` train or state, ``length``); columns in the CLI's
+    --help. ``cut`` is a parameter so that the tests can break the method."""
+    theta = check_has_lstm(model)
+    targets = _targets(task, cfg, seed, device)
+    precondition = moments.precondition if moments is not None else (lambda g: g)
+    if moments is not None:
+        moments.v = moments.v.to(next(model.parameters()).device)
+
+    # gradients of each target, per evaluation batch
+    grads: list[Tensor] = []
+    with torch.enable_grad():
+        for tgt in targets:
+            per = [flat_grad(tgt.loss(model, b), theta) for b in tgt.batches]
+            grads.append(torch.stack(per))
+    mean_grad = [g.mean(0) for g in grads]
+
+    # the directions, batch by batch: per-batch projections give the standard error over direction batches
+    base = LOOKAHEAD_SEED_BASE + seed * 10_000_000
+    sums = {p: torch.zeros_like(mean_grad[0]) for p in PARTS}
+    proj = {p: [] for p in PARTS}  # (n_batches, n_targets)
+    it: Any = range(cfg.n_batches)
+    if progress:
+        from tqdm.auto import tqdm
+
+        it = tqdm(it, desc="lookahead batches", file=sys.stderr, leave=False)
+    for k in it:
+        batch = training_batch(task, cfg.batch_size, base + k).to(device)
+        with torch.enable_grad():
+            g = flat_grad(model(batch.tokens, labels=batch.labels), theta)
+            with cut(model):
+                r = flat_grad(model(batch.tokens, labels=batch.labels), theta)
+        for part, vec in (("att", g - r), ("rec", r), ("full", g)):
+            d = precondition(vec)
+            sums[part] += d
+            proj[part].append(torch.stack([d @ m for m in mean_grad]))
+    directions = {p: s / cfg.n_batches for p, s in sums.items()}
+    theta_norm = float(torch.cat([p.detach().flatten() for p in theta]).norm())
+    full_norm = float(directions["full"].norm())
+    eta = cfg.rel_step * theta_norm / full_norm if full_norm > 0 else 0.0
+
+    # the real step, in float64 so that a change of 1e-8 is resolved
+    model64 = copy.deepcopy(model).double()
+    theta64 = check_has_lstm(model64)
+    original = [p.detach().clone() for p in theta64]
+
+    def losses64() -> list[float]:
+        with torch.no_grad():
+            return [float(torch.stack([t.loss(model64, b) for b in t.batches]).mean()) for t in targets]
+
+    before = losses64()
+    after: dict[str, list[float]] = {}
+    with torch.no_grad():
+        for part, d in directions.items():
+            _apply(theta64, -eta * d.double())
+            after[part] = losses64()
+            for p, o in zip(theta64, original, strict=True):
+                p.copy_(o)
+
+    rows = []
+    for part in PARTS:
+        per_batch = torch.stack(proj[part])  # (K, n_targets)
+        for i, tgt in enumerate(targets):
+            first = -eta * float(directions[part] @ mean_grad[i])
+            se_dir = eta * float(per_batch[:, i].std()) / math.sqrt(cfg.n_batches) if cfg.n_batches > 1 else math.nan
+            per_eval = grads[i] @ directions[part]
+            se_eval = eta * float(per_eval.std()) / math.sqrt(len(per_eval)) if len(per_eval) > 1 else math.nan
+            rows.append({"part": part, "loss": tgt.name, "length": tgt.length,
+                         "preconditioned": moments is not None,
+                         "moments": moments.source if moments is not None else "none",
+                         "eta": eta, "rel_step": cfg.rel_step,
+                         "dL_first": first, "dL_se": math.hypot(se_dir, se_eval), "dL_se_batches": se_dir,
+                         "dL_se_eval": se_eval, "dL_measured": after[part][i] - before[i],
+                         "loss_before": before[i], "n_batches": cfg.n_batches,
+                         "n_eval_sequences": len(tgt.batches) * cfg.batch_size})
+    df = pd.DataFrame(rows)
+    df["z"] = df.dL_first / df.dL_se
+    scale = df.groupby(["loss", "length"], dropna=False).dL_first.transform(lambda s: s.abs().max())
+    df["first_order_error"] = ((df.dL_measured - df.dL_first).abs() / scale.where(scale > 0)).fillna(0.0)
+    return df
+
+
+def verdict(rows: pd.DataFrame, train_length: int) -> dict[str, Any]:
+    """Does a step along -g_att raise the 3x state loss while lowering the training loss? One flat row."""
+    def row(loss: str, length: int | None) -> pd.Series | None:
+        sel = rows[(rows.part == "att") & (rows.loss == loss)]
+        sel = sel[sel.length.isna()] if length is None else sel[sel.length == length]
+        return sel.iloc[0] if len(sel) else None
+
+    far, train = row("state", 3 * train_length), row("train", None)
+    if far is None or train is None:
+        return {"verdict": "not measured", "detail": f"the lookahead did not evaluate length {3 * train_length}"}
+    out = {"dL_state_3x_att": far.dL_first, "z_state_3x_att": far.z, "dL_train_att": train.dL_first,
+           "z_train_att": train.z}
+    if far.dL_first == 0 and train.dL_first == 0:
+        out["verdict"] = "no attention path"  # gate 0 (or no attention): the part is exactly 0
+    elif far.z > Z_SUPPORT and train.z < -Z_SUPPORT:
+        out["verdict"] = "supports"
+    elif far.z > Z_SUPPORT:
+        out["verdict"] = "neither"  # raises the 3x loss without lowering the training loss: not a trade-off
+    else:
+        out["verdict"] = "refutes"
+    out["detail"] = {"supports": "the attention-path step raises the 3x state loss and lowers the training loss",
+                     "neither": "the attention-path step raises the 3x state loss but does not lower the training "
+                                "loss",
+                     "refutes": ("the attention-path step lowers the 3x state loss" if far.z < -Z_SUPPORT else
+                                 "the attention-path step changes the 3x state loss by less than 2 standard errors"),
+                     "no attention path": "attention is gated off: g_att is exactly 0"}[out["verdict"]]
+    return out
