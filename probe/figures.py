@@ -105,7 +105,7 @@ class Inputs:
     def shortcuts(self) -> list[Any]:
         from probe.shortcuts import analyze
 
-        kw = dict(n_batches=2, batch_size=16, window_samples=32) if self.quick else {}
+        kw = dict(n_sequences=16, window_samples=32) if self.quick else {}
         return [analyze(p, device=self.device, seed=self.seed, **kw) for p in self.finals]
 
     @cached_property
