@@ -85,7 +85,7 @@ def _device(args: argparse.Namespace) -> str:
         # The cluster's nodes, not this driver, must have the device: only check that the name parses.
         if args.device == "auto":
             raise ProbeError("--device auto is decided on this machine; with --address name cpu or cuda")
-        return str(resolve_device("cpu") if args.device == "cpu" else _parse_device(args.device))
+        return str(_parse_device(args.device))
     return str(resolve_device(args.device))
 
 

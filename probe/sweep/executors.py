@@ -99,6 +99,8 @@ class LocalExecutor:
                         except BrokenProcessPool:
                             broken.append(run)
                             continue
+                        except Exception as e:  # fn raised, or its result did not pickle: this run's failure
+                            result = RunResult(run.key, "failed", run.out / LOG, error=f"{type(e).__name__}: {e}")
                         yield run, result
                 clean = True
             finally:
@@ -140,7 +142,12 @@ class RayExecutor:
         if not ray.is_initialized():  # a caller (a notebook, the tests) may have started Ray already
             kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level="WARNING")
             if self.address:
-                ray.init(address=self.address, **kwargs)
+                try:
+                    ray.init(address=self.address, **kwargs)
+                except (ConnectionError, RuntimeError, ValueError) as e:
+                    why = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+                    raise ProbeError(f"--address {self.address}: no Ray cluster there ({why}); "
+                                     "is `ray start --head` running?") from None
             else:  # "local": never attach to some other `ray start` cluster that happens to run on this machine
                 ray.init(address="local", num_cpus=self.jobs, **kwargs)
             self._owned = True
