@@ -74,8 +74,8 @@ class Checkpoint:
         return self.train_config.get("seed")
 
     def build_model(self, device: torch.device | str = "cpu") -> HookedSequenceModel:
-        """The model with these weights (gates included), in eval mode."""
-        model = HookedSequenceModel(self.model_config)
+        """The model with these weights (gates included), in eval mode, knowing its task (``to_str_tokens``)."""
+        model = HookedSequenceModel(self.model_config, task=self.task_config)
         try:
             model.load_state_dict(self.state_dict)
         except RuntimeError as e:
