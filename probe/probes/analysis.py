@@ -78,12 +78,12 @@ class ProbeResult:
         df = self.by_length
         return df[(df.train_positions == train_positions) & (df.test_positions == "beyond")]
 
-    def best_hook(self, contains: str = "", train_positions: str = "in") -> str | None:
-        """Highest accuracy at beyond-range positions (pooled over the test lengths) of the probes trained on
+    def best_hook(self, contains: str = "", train_positions: str = "in", test_positions: str = "beyond") -> str | None:
+        """Highest accuracy at ``test_positions`` (pooled over the test lengths) of the probes trained on
         ``train_positions``, among hooks whose name contains ``contains`` (first in hook order on ties)."""
         hooks = [h for h in self.hooks if contains in h]
-        rows = self.beyond(train_positions)
-        rows = rows[rows.hook.isin(hooks)]
+        df = self.by_length
+        rows = df[(df.train_positions == train_positions) & (df.test_positions == test_positions) & df.hook.isin(hooks)]
         if rows.empty:
             return None
         acc = {h: pooled(r, ["probe_acc"]).probe_acc for h, r in rows.groupby("hook", sort=False)}

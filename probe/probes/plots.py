@@ -62,8 +62,9 @@ def plot_heatmap(results: Sequence[ProbeResult]) -> Figure:
 
 
 def plot_position(results: Sequence[ProbeResult], hooks: Sequence[str] | None = None) -> Figure:
-    """Accuracy vs stream position on the longest test length, training range shaded; per checkpoint the best
-    hook and the best LSTM-state hook, trained in range (solid) and beyond it (dashed), with the control target."""
+    """Accuracy vs stream position on the longest test length, training range shaded; per checkpoint the best hook
+    (over all positions) and the best LSTM-state hook (beyond L_train), trained in range (solid) and beyond it
+    (dashed), with the control target (dotted)."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -72,8 +73,10 @@ def plot_position(results: Sequence[ProbeResult], hooks: Sequence[str] | None = 
     for ax, res in zip(axes[0], results, strict=True):
         df = res.by_position[res.by_position.length == res.by_position.length.max()]
         df = df.assign(position=(df.position_lo + df.position_hi) / 2)
+        # the hook that decodes s_t best over all positions (the Transformer's exists in range only), and the best
+        # LSTM-state hook beyond the training range
         shown = list(hooks) if hooks else list(dict.fromkeys(
-            h for h in (res.best_hook(), res.best_hook(".lstm.hook_")) if h))
+            h for h in (res.best_hook(test_positions="all"), res.best_hook(".lstm.hook_")) if h))
         for k, hook in enumerate(shown):
             for band, style in (("in", "-"), ("beyond", "--")):
                 d = df[(df.hook == hook) & (df.train_positions == band)]
@@ -105,7 +108,7 @@ def plot_compare(results: Sequence[ProbeResult]) -> Figure:
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
     for k, res in enumerate(results):
         color, label = f"C{k}", short_name(res.checkpoint)
-        hook = res.best_hook(".lstm.hook_") or res.best_hook()
+        hook = res.best_hook(".lstm.hook_") or res.best_hook(test_positions="all")
         df = res.by_length[(res.by_length.hook == hook) & (res.by_length.test_positions == "beyond")]
         d_in, d_far = df[df.train_positions == "in"], df[df.train_positions == "beyond"]
         ax.plot(d_in.length, d_in.probe_acc, "o-", color=color, label=f"{label}: {_label(hook)}")
