@@ -48,15 +48,21 @@ class SweepReport:
 def sweep_members(out: Path) -> tuple[str, list[tuple[str, int]]]:
     """The sweep's name and its (variant, seed) runs: those of ``DIR/sweep.json``, else every ``VARIANT/seedS``
     folder with an eval.json (run folders made before sweeps existed)."""
-    path = out / SWEEP_FILE
-    if path.exists():
-        cfg = config_from_dict(json.loads(path.read_text())["config"], str(path))
-        return cfg.name, [(r.variant, r.seed) for r in cfg.runs(out)]
     found = []
     for ev in out.glob(f"*/seed*/{EVAL}"):
         m = _SEED_DIR.match(ev.parent.name)
         if m:
             found.append((ev.parent.parent.name, int(m.group(1))))
+    path = out / SWEEP_FILE
+    if path.exists():
+        cfg = config_from_dict(json.loads(path.read_text())["config"], str(path))
+        members = [(r.variant, r.seed) for r in cfg.runs(out)]
+        variants = {v for v, _ in members}
+        # a grid run in parts (--seeds 0 1, then --seeds 2 3) records its last part: keep the earlier parts' runs
+        extra = sorted(set(found) - set(members), key=lambda vs: ([v for v, _ in members].index(vs[0]), vs[1]))
+        members += [vs for vs in extra if vs[0] in variants]
+        order = list(dict.fromkeys(v for v, _ in members))
+        return cfg.name, sorted(members, key=lambda vs: (order.index(vs[0]), vs[1]))
     if not found:
         raise ProbeError(f"{out}: no {SWEEP_FILE} and no VARIANT/seedS/{EVAL}; is this a sweep's --out directory?")
     return out.name, sorted(found)

@@ -7,9 +7,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from probe.cli import resolve_device, run_cli, say
+from probe.cli import resolve_device, run_cli, say, tidy
 from probe.errors import ProbeError
 from probe.sweep.aggregate import FIGURE, RESULTS, TABLE, aggregate, markdown_table, write_report
+from probe.sweep.compare import compare, comparison_table, plot_seed_dots
 from probe.sweep.config import SweepConfig, config_from_presets, load_config
 from probe.sweep.executors import default_jobs, make_executor
 from probe.sweep.runner import SweepOutcome, plan, run_sweep
@@ -59,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-samples", type=int, default=256, help="sequences per length in eval.json (default 256)")
     p.add_argument("--dry-run", action="store_true", help="print the runs, their state and commands; run nothing")
     p.add_argument("--report", action="store_true", help="re-aggregate the runs of DIR (or --out) without training")
+    p.add_argument("--compare", nargs="+", metavar="VARIANT", default=[],
+                   help="with the report: every variant against these baselines on state accuracy at 3x L_train "
+                        "(difference of means, exact permutation p over seeds; rows with row=comparison), and a "
+                        "figure of every seed's value (seeds_3x.png)")
     p.add_argument("--no-figure", action="store_true", help="results.json and results.md only")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print results.json's object on stdout (human text to stderr)")
@@ -100,8 +105,22 @@ def _parse_device(name: str) -> Any:
 
 def _report(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     report = aggregate(out)
+    text = markdown_table(report)
+    if args.compare:
+        comparison = compare(report.curves, args.compare)
+        report.result["results"] += tidy(comparison.to_dict("records"))
+        text += "\n" + comparison_table(comparison)
     paths = write_report(report, out, figure=not args.no_figure)
-    print(markdown_table(report), file=sys.stderr if args.json else sys.stdout)
+    if args.compare:
+        (out / TABLE).write_text(text)
+        if not args.no_figure:
+            import matplotlib.pyplot as plt
+
+            fig = plot_seed_dots(report.curves, report.summary)
+            fig.savefig(out / "seeds_3x.png", dpi=150)
+            plt.close(fig)
+            paths.append(out / "seeds_3x.png")
+    print(text, file=sys.stderr if args.json else sys.stdout)
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return report.result
 
