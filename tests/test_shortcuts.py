@@ -303,7 +303,7 @@ def test_each_sum_preserving_control_fails_on_its_broken_perturbation(interleave
 
 def test_sum_preserving_separates_a_tracker_from_a_local_shortcut(interleaved, lstm_ckpt):
     exact = sum_preserving(tracker(interleaved), interleaved, [12, 36], n_sequences=128).table
-    assert (exact.effect == 0).all() and not exact.flagged.any()
+    assert (exact.effect == 0).all() and not exact.flagged.any() and (exact.changed_if_right == 0).all()
     local = sum_preserving(windowed(interleaved, 1), interleaved, [12, 36], n_sequences=128).table
     assert (local.effect > 0.3).all() and local.flagged.all()
     from probe.checkpoint import load_checkpoint
@@ -407,6 +407,15 @@ def test_each_offset_control_fails_on_its_broken_padding(interleaved, broken):
     assert all(_passed(offset_controls(interleaved)).values())
     wrong = _passed(offset_controls(interleaved, pad=broken))
     assert not wrong["offset_tracker_oracle"]
+
+
+def test_offset_position_control_fails_when_the_shift_never_reaches_the_model(interleaved, monkeypatch):
+    """Broken method: the index shift is computed but the model is called without the shifted positions."""
+    import probe.shortcuts.positional as module
+
+    assert _passed(offset_controls(interleaved))["offset_position_oracle"]
+    monkeypatch.setattr(module, "perturbed_logits", lambda model, tokens, pert, g, n: model(tokens))
+    assert not _passed(offset_controls(interleaved))["offset_position_oracle"]
 
 
 def test_offset_scores_only_answers_that_stay_in_the_training_range(interleaved):

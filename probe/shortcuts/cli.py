@@ -28,7 +28,7 @@ applicable, reason, n_sequences, n_answers, and mostly baseline_acc and acc:
     bootstrap over sequences. N/A for a model without attention.
   sum_preserving: k (span: both moved numbers in the last k positions before the last state answer); effect =
     fraction of those answers that change (Wilson interval: one answer per sequence), flagged (ci_low > 0.02),
-    n_skipped (fewer than two numbers in the span).
+    changed_if_right / n_right (among the answers that were right), n_skipped (fewer than two numbers).
   identity_run: run (r zeros), head (stream positions before the run: 0 or 5), where (inside|after),
     length = L_train + r; effect = baseline_acc (same sequences without the run) - acc, paired bootstrap;
     flagged (ci_low > 0.02).

@@ -121,8 +121,9 @@ def sum_preserving(forward: Forward, task: TaskConfig, lengths: Sequence[int] | 
                    progress: bool = False) -> SumPreservingResult:
     """One row per (length, k): ``test, length, k, subtask (state), effect`` = fraction of the last state answers
     whose prediction changes, ``ci_low, ci_high`` (Wilson: one answer per sequence, so answers are independent),
-    ``flagged`` (ci_low > FLAG_EFFECT), ``baseline_acc, acc`` (on the unchanged label), ``n_sequences`` (perturbed),
-    ``n_skipped`` (fewer than two numbers in the span), ``applicable, reason``."""
+    ``flagged`` (ci_low > FLAG_EFFECT), ``baseline_acc, acc`` (on the unchanged label), ``changed_if_right`` (the
+    fraction among the ``n_right`` answers that were right before), ``n_sequences`` (perturbed), ``n_skipped``
+    (fewer than two numbers in the span), ``applicable, reason``."""
     lengths = [int(x) for x in (lengths or default_lengths(task))]
     if task.name == "recall":
         return SumPreservingResult(pd.DataFrame([{"test": TEST, "length": L, "k": k, "subtask": "state", **na_row(
@@ -153,12 +154,16 @@ def sum_preserving(forward: Forward, task: TaskConfig, lengths: Sequence[int] | 
             label = batch.labels[rows_idx, t]
             changed = int((new != old).sum())
             lo, hi = wilson(changed, n)
+            # a wrong answer may move under any edit; a right one that moves was not reading the sum alone
+            right = old == label
+            broken = int(((new != old) & right).sum())
             rows.append({"test": TEST, "length": length, "k": int(k), "subtask": "state", "applicable": True,
                          "reason": f"two numbers in the last {k} positions moved by -d, +d",
-                         "baseline_acc": float((old == label).float().mean()),
+                         "baseline_acc": float(right.float().mean()),
                          "acc": float((new == label).float().mean()), "effect": changed / n, "ci_low": lo,
                          "ci_high": hi, "ci_method": "wilson", "n_sequences": n, "n_answers": n,
-                         "n_skipped": int(len(valid) - n), "flagged": bool(lo > FLAG_EFFECT)})
+                         "n_skipped": int(len(valid) - n), "flagged": bool(lo > FLAG_EFFECT),
+                         "changed_if_right": broken / max(1, int(right.sum())), "n_right": int(right.sum())})
     return SumPreservingResult(pd.DataFrame(rows), violations, first)
 
 
