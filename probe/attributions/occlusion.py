@@ -154,13 +154,14 @@ class Occlusion:
 
 
 def _mean_ci(total: Tensor, count: Tensor, name: str) -> dict[str, float]:
-    """Mean over sequences of each sequence's mean, with a normal 95 % interval over sequences."""
+    """Mean over sequences of each sequence's mean (a fraction), with a normal 95 % interval over sequences, clipped
+    to [0, 1]."""
     have = count > 0
     per = (total[have] / count[have]).double()
     n = len(per)
     mean = float(per.mean()) if n else math.nan
     half = 1.96 * float(per.std()) / math.sqrt(n) if n > 1 else math.nan
-    return {name: mean, f"{name}_ci_low": mean - half, f"{name}_ci_high": mean + half}
+    return {name: mean, f"{name}_ci_low": max(0.0, mean - half), f"{name}_ci_high": min(1.0, mean + half)}
 
 
 def _max(x: Tensor) -> float:
