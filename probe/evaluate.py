@@ -175,6 +175,9 @@ def evaluate_checkpoints(paths: Sequence[str | Path], lengths: Sequence[int] | N
         curve.insert(1, "label", ckpt.label)
         curve.insert(2, "seed", ckpt.seed)
         curve["train_length"] = ckpt.task_config.train_length
+        # how it was trained, so that a table mixing precisions says so (older checkpoints: fp32, default AdamW)
+        curve["precision"] = ckpt.train_config.get("precision", "fp32") if ckpt.train_config else None
+        curve["optimizer_impl"] = ckpt.train_config.get("optimizer_impl", "default") if ckpt.train_config else None
         frames.append(curve)
     return pd.concat(frames, ignore_index=True)
 
@@ -253,8 +256,9 @@ def evaluation_envelope(curves: pd.DataFrame, paths: Sequence[str | Path]) -> di
 
 # --- CLI ---------------------------------------------------------------------------------------------------
 _HELP_JSON = """JSON (--json): results rows {checkpoint, label, seed, length, subtask (state|recall|all), token_acc,
-seq_acc, n_tokens}, plus one row per checkpoint and subtask with length null, metric "lengthgen_score" and its value
-in token_acc (mean token accuracy over lengths in (L_train, 3 L_train]); controls rows {control: "chance", subtask,
+seq_acc, n_tokens, train_length, precision, optimizer_impl (how the checkpoint was trained)}, plus one row per
+checkpoint and subtask with length null, metric "lengthgen_score" and its value in token_acc (mean token accuracy
+over lengths in (L_train, 3 L_train]); controls rows {control: "chance", subtask,
 token_acc}: the accuracy of guessing uniformly."""
 
 
@@ -279,6 +283,10 @@ def main(argv: list[str] | None = None) -> int:
         lengths = parse_lengths(args.lengths) if args.lengths is not None else None
         curves = evaluate_checkpoints(paths, lengths, args.samples, args.batch_size, args.seed,
                                       resolve_device(args.device), progress=not args.json)
+        trained = curves.drop_duplicates("checkpoint")
+        for r in trained.itertuples():
+            say(args, f"{r.checkpoint}: {r.label}, seed {r.seed}, trained in {r.precision} "
+                      f"(AdamW {r.optimizer_impl})")
         say(args, summary_table(curves).to_string(index=False))
         result = evaluation_envelope(curves, paths)
         if args.out:
