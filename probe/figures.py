@@ -199,11 +199,11 @@ FIGURES: list[FigureSpec] = [
                "python -m probe.gradients checkpoints/trajectories/hybrid-joint checkpoints/trajectories/hybrid-dat",
                "results/gradients/trajectories_seed0.json", _grad_training),
     FigureSpec("gradient_lookahead",
-               "Lookahead over training, joint vs DAT (seed 0 trajectories): first-order change of the training loss "
-               "and of the state loss at L_train and 3 L_train after a small step along -g_att, -g_rec and -g of the "
-               "training loss (averaged over lengths 1-25 as the trainer samples them), ±2 standard errors; raw "
-               "gradients (these snapshots hold no optimizer moments). Above 0 in the 3x column with the training "
-               "loss falling is what the interference hypothesis predicts for g_att.",
+               "Lookahead over training, joint vs DAT (seed 0 trajectories): z = first-order change / standard error "
+               "of the training loss and of the state loss at L_train and 3 L_train after a small step along -g_att, "
+               "-g_rec and -g of the training loss (averaged over lengths 1-25 as the trainer samples them); grey: "
+               "|z| < 2; raw gradients (these snapshots hold no optimizer moments). z > 2 in the 3x column with z < -2 "
+               "for the training loss is what the interference hypothesis predicts for g_att.",
                "python -m probe.gradients checkpoints/trajectories/hybrid-joint checkpoints/trajectories/hybrid-dat",
                "results/gradients/trajectories_seed0.json", _grad_lookahead),
     FigureSpec("gradient_blocks",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -21,11 +22,10 @@ def _sns():
 
 
 def _label(rows: pd.DataFrame, checkpoint: str) -> str:
-    """``run-dir step S`` when the rows say so, else the file name."""
-    if len(rows) and {"run", "step"} <= set(rows.columns):
-        run = "/".join(str(rows.run.iloc[0]).split("/")[-2:])
-        return f"{run} step {int(rows.step.iloc[0])}"
-    return str(checkpoint).rsplit("/", 1)[-1]
+    """``folder/file`` of the checkpoint (never the absolute path) and its step."""
+    path = Path(str(checkpoint))
+    step = f" step {int(rows.step.iloc[0])}" if len(rows) and "step" in rows.columns else ""
+    return f"{path.parent.name}/{path.name}{step}"
 
 
 def _grid(df: pd.DataFrame, width: float = 5.2, height: float = 3.4):
@@ -60,7 +60,7 @@ def plot_occlusion(profile: pd.DataFrame) -> Figure:
             ax.axvline(-1.5, color="0.6", lw=0.8)
             ax.set_xlim(PREFIX_X - 1.5, None)
             ax.set_ylim(-0.03, 1.03)
-            ax.set_xlabel(f"distance t - s of the resampled number (square at {PREFIX_X}: prefix, flip rate)")
+            ax.set_xlabel("distance t - s of the resampled number (square: prefix, flip rate)")
             ax.set_ylabel("answers following the change")
             ax.set_title(f"{_label(sub, ck)}, length {length}", fontsize=10)
             if i == 0 and j == 0:
@@ -86,7 +86,7 @@ def plot_reads(profile: pd.DataFrame) -> Figure:
                 ax.plot([PREFIX_X], b[b.in_prefix].mass, marker="s", color=line.get_color(), ls="none")
             ax.axvline(-1.5, color="0.6", lw=0.8)
             ax.set_xlim(PREFIX_X - 1.5, None)
-            ax.set_xlabel(f"distance t - s of the key (square at {PREFIX_X}: prefix)")
+            ax.set_xlabel("distance t - s of the key (square: prefix)")
             ax.set_ylabel("share of value-weighted attention")
             ax.set_title(f"{_label(sub, ck)}, length {length}", fontsize=10)
             if i == 0 and j == 0:
