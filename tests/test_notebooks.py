@@ -1,7 +1,9 @@
-"""Every notebook runs top to bottom on the shipped checkpoints, and is committed without outputs."""
+"""Every notebook is committed executed, with a reading of each result, and still runs top to bottom on the shipped
+checkpoints."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -9,31 +11,61 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from probe.errors import ProbeError
+from probe.notebook import find_root
+
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+MAX_BYTES = 300_000
+"""Figures are drawn at 80 dpi in 256 colours so that a notebook with its outputs stays a small file."""
+
+
+def _code(nb):
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def _images(cell) -> int:
+    return sum("image/png" in o.get("data", {}) for o in cell.get("outputs", []))
 
 
 def test_there_are_notebooks():
-    assert [p.stem[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05"][: len(NOTEBOOKS)]
-    assert len(NOTEBOOKS) >= 2
+    assert [p.stem[:2] for p in NOTEBOOKS] == ["01", "02", "03", "04", "05", "06"]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_is_committed_without_outputs(path):
+def test_notebook_is_committed_executed(path):
+    """Executed top to bottom, no error or warning, small, no machine's paths, and every result followed by
+    markdown that says what to see in it."""
+    assert path.stat().st_size < MAX_BYTES
     nb = nbformat.read(path, as_version=4)
-    assert all(not c.get("outputs") and c.get("execution_count") is None for c in nb.cells if c.cell_type == "code")
+    cells = _code(nb)
+    assert [c.execution_count for c in cells] == list(range(1, len(cells) + 1))
+    outputs = [o for c in cells for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error" or o.get("name") == "stderr"]
+    assert str(ROOT) not in json.dumps(outputs)
+    for cell, after in zip(nb.cells, nb.cells[1:] + [None], strict=True):
+        if cell.cell_type == "code" and cell.outputs:
+            assert after is not None and after.cell_type == "markdown", f"no reading after: {cell.source[:60]!r}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
-    monkeypatch.delenv("MPLBACKEND", raising=False)  # the kernel's inline backend renders figures headless
+    """From notebooks/, as Jupyter starts it; ``MPLBACKEND=agg`` does not stop ``setup`` drawing figures inline."""
+    monkeypatch.setenv("MPLBACKEND", "agg")
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "mpl"))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    committed = nbformat.read(path, as_version=4)
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(ROOT)}})
+    client = NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}})
     t0 = time.perf_counter()
     client.execute()
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    assert [_images(c) for c in _code(nb)] == [_images(c) for c in _code(committed)]
     print(f"{path.name}: {time.perf_counter() - t0:.1f} s")
+
+
+def test_setup_outside_the_repository_names_the_fix(tmp_path):
+    with pytest.raises(ProbeError, match="jupyter lab notebooks/"):
+        find_root(tmp_path)
