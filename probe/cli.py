@@ -79,3 +79,18 @@ def run_cli(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace]
     if emits_json and getattr(args, "json", False):
         print(json.dumps(result))
     return 0
+
+
+def write_outputs(out: str | os.PathLike, result: dict[str, Any], figures: dict[str, Any], dpi: int = 120) -> None:
+    """An analysis's ``--out``: ``results.json`` (the envelope) and each named figure, closed after saving."""
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=1))
+    for name, fig in figures.items():
+        fig.savefig(out / name, dpi=dpi)
+        plt.close(fig)
+

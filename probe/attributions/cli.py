@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch
 
 from probe.attributions.analysis import AttributionReport, analyze
 from probe.cli import add_common_args, envelope, resolve_device, run_cli, say
+from probe.cli import write_outputs as save_outputs
 from probe.errors import ProbeError
 
 DESCRIPTION = """\
@@ -111,16 +111,10 @@ def format_report(report: AttributionReport) -> str:
 
 
 def write_outputs(report: AttributionReport, result: dict[str, Any], out: Path) -> None:
-    import matplotlib.pyplot as plt
-
     from probe.attributions.plots import plot_components, plot_occlusion, plot_reads
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=1))
     figs = {"occlusion.png": plot_occlusion(report.occlusion), "components.png": plot_components(report.components)}
     if not report.reads.empty:
         figs["attention_reads.png"] = plot_reads(report.reads)
-    for name, fig in figs.items():
-        fig.savefig(out / name, dpi=120)
-        plt.close(fig)
+    save_outputs(out, result, figs)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import pandas as pd
 import torch
 
 from probe.cli import add_common_args, envelope, resolve_device, run_cli, say
+from probe.cli import write_outputs as save_outputs
 from probe.errors import ProbeError
 from probe.gradients.analysis import GradientReport, analyze
 from probe.gradients.lookahead import LookaheadConfig
@@ -132,17 +132,11 @@ def format_report(report: GradientReport) -> str:
 
 
 def write_outputs(report: GradientReport, result: dict[str, Any], out: Path) -> None:
-    import matplotlib.pyplot as plt
-
     from probe.gradients.plots import plot_blocks, plot_lookahead, plot_over_training
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=1))
     figs = {"blocks.png": plot_blocks(report.interference)}
     if report.interference.step.nunique() > 1:
         figs["interference_over_training.png"] = plot_over_training(report.interference)
         if not report.lookahead.empty:
             figs["lookahead_over_training.png"] = plot_lookahead(report.lookahead)
-    for name, fig in figs.items():
-        fig.savefig(out / name, dpi=120)
-        plt.close(fig)
+    save_outputs(out, result, figs)
