@@ -5,7 +5,8 @@ Usage: ``python benchmarks/throughput.py [--presets hybrid-joint lstm transforme
 Prints, for one core (or ``--threads``): the fp32 and bf16 matmul peaks (1024^3 ``torch.mm``), then per preset and
 speed option (``TrainConfig`` fields: ``precision``, ``optimizer_impl``, ``compile``) the FLOPs of one training step
 (matmuls counted by ``torch.utils.flop_counter``; the LSTM's, which the counter does not see inside the fused
-kernel, from its shapes), the median step time and the achieved fraction of the fp32 peak. Options are interleaved
+kernel, from its shapes; mean over the timed batches), the median step time and the achieved fraction of the fp32
+peak. Options are interleaved
 step by step on the same batches, so machine noise hits them alike; the ``plain`` row is a hand-written PyTorch loop
 of the same model (benchmarks/train_step.py's twin) for reference.
 """
@@ -109,7 +110,11 @@ def main() -> None:
         for name in args.options:
             trainers[name] = Trainer(*build_configs(preset, "interleaved", OPTIONS[name]), tempfile.mkdtemp(),
                                      progress=False)
-        mm, lstm = step_flops(next(iter(trainers.values())), 0)
+        first = next(iter(trainers.values()))
+        # every option trains on the same batch at step i, so the FLOPs of step i are counted once, for all
+        flops = {i: step_flops(first, i) for i in range(5, 5 + args.steps)}
+        mm = sum(f[0] for f in flops.values()) / len(flops)
+        lstm = sum(f[1] for f in flops.values()) / len(flops)
         times: dict[str, list[float]] = {name: [] for name in trainers}
         for i in range(5 + args.steps):
             order = list(trainers) if i % 2 == 0 else list(reversed(trainers))
@@ -121,12 +126,12 @@ def main() -> None:
         base = statistics.median(times[args.options[0]])
         for name, ts in times.items():
             med = statistics.median(ts)
-            rate = (mm + lstm) / med / 1e9
+            rate = (mm + lstm) * len(ts) / sum(ts) / 1e9  # all timed steps' FLOPs over all their time
             print(f"| {preset} | {name} | {med * 1e3:.1f} | {med / base:.2f}x | {mm / 1e9:.2f} + {lstm / 1e9:.2f} "
                   f"| {rate:.0f} | {rate / peak32:.2f} |")
         sys.stdout.flush()
-    print("\nstep FLOPs are those of step 0's batch (its length); other steps draw other lengths, so GFLOP/s is "
-          "indicative: the step-time ratios are the comparison")
+    print("\nGFLOP / step: mean over the timed steps' batches (each draws its own length); GFLOP/s: those steps' "
+          "FLOPs over their summed time; fraction of the fp32 matmul peak measured above")
 
 
 if __name__ == "__main__":
