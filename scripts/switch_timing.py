@@ -24,6 +24,14 @@ def runs() -> pd.DataFrame:
     for d in sorted((ROOT / "results" / "switch").glob("switch-*")):
         folders[int(d.name.split("-")[1])] = d
     rows = []
+    for ev in sorted((ROOT / "results" / "switch" / "adaptive").glob("seed*/eval.json")):
+        log = [json.loads(line) for line in (ev.parent / "metrics.jsonl").read_text().splitlines() if line]
+        switched = next(r["step"] for r in log if r.get("event") == "attention switched on")
+        res = {(r["subtask"], r["length"]): r["token_acc"] for r in json.loads(ev.read_text())["results"]
+               if r.get("length") == 75}
+        rows.append({"variant": "adaptive", "switch": switched, "seed": int(ev.parent.name[4:]),
+                     "state_acc_3x": res[("state", 75)], "recall_acc_3x": res[("recall", 75)],
+                     "lstm_phase_95_at_3x": next((r["step"] for r in log if r["state_acc_3x"] >= 0.95), None)})
     for switch, folder in sorted(folders.items()):
         for ev in sorted(folder.glob("seed*/eval.json")):
             seed = int(re.search(r"seed(\d+)", ev.parent.name).group(1))
@@ -31,8 +39,9 @@ def runs() -> pd.DataFrame:
                    if r.get("length") == 75}
             log = [json.loads(line) for line in (ev.parent / "metrics.jsonl").read_text().splitlines() if line]
             found = next((r["step"] for r in log if r["state_acc_3x"] >= 0.95 and r["step"] <= switch), None)
-            rows.append({"switch": switch, "seed": seed, "state_acc_3x": res[("state", 75)],
-                         "recall_acc_3x": res[("recall", 75)], "lstm_phase_95_at_3x": found if switch else None})
+            rows.append({"variant": f"switch-{switch}", "switch": switch, "seed": seed,
+                         "state_acc_3x": res[("state", 75)], "recall_acc_3x": res[("recall", 75)],
+                         "lstm_phase_95_at_3x": found if switch else None})
     return pd.DataFrame(rows)
 
 
@@ -42,9 +51,11 @@ def plot(frame: pd.DataFrame):
 
     sns.set_theme(style="whitegrid", context="paper")
     fig, ax = plt.subplots(figsize=(6, 3.4))
+    fixed, adaptive = frame[frame.variant != "adaptive"], frame[frame.variant == "adaptive"]
     for col, color, name in (("state_acc_3x", "C0", "state"), ("recall_acc_3x", "C1", "recall")):
-        ax.scatter(frame.switch, frame[col], color=color, s=18, alpha=0.7, label=f"{name}, each seed")
-        mean = frame.groupby("switch")[col].mean()
+        ax.scatter(fixed.switch, fixed[col], color=color, s=18, alpha=0.7, label=f"{name}, each seed")
+        ax.scatter(adaptive.switch, adaptive[col], color=color, marker="x", s=30, label=f"{name}, adaptive")
+        mean = fixed.groupby("switch")[col].mean()
         ax.plot(mean.index, mean.values, color=color, lw=1.5, label=f"{name}, mean over seeds")
     for step in frame.lstm_phase_95_at_3x.dropna().unique():
         ax.axvline(step, color="0.5", lw=0.6, ls=":")
@@ -58,7 +69,8 @@ def plot(frame: pd.DataFrame):
 def main() -> None:
     frame = runs()
     print(frame.to_string(index=False))
-    print(frame.groupby("switch")[["state_acc_3x", "recall_acc_3x"]].agg(["mean", "min", "count"]).round(3))
+    print(frame.groupby("variant", sort=False)[["state_acc_3x", "recall_acc_3x"]].agg(["mean", "min", "count"])
+          .round(3))
     out = ROOT / "results" / "switch"
     out.mkdir(parents=True, exist_ok=True)
     (out / "switch_timing.json").write_text(json.dumps(frame.to_dict("records"), indent=1) + "\n")
