@@ -94,3 +94,19 @@ def write_outputs(out: str | os.PathLike, result: dict[str, Any], figures: dict[
         fig.savefig(out / name, dpi=dpi)
         plt.close(fig)
 
+
+def add_threads_and_gate_args(parser: argparse.ArgumentParser) -> None:
+    """``--threads`` and ``--stored-gate``, shared by the gradient-based analyses."""
+    parser.add_argument("--threads", type=int, default=1,
+                        help="CPU threads for torch (default 1: these small models run fastest on one; 0 = torch's "
+                             "default)")
+    parser.add_argument("--stored-gate", action="store_true",
+                        help="use the gate stored in the checkpoint, not the schedule's gate at its step")
+
+
+def seed_and_threads(args: argparse.Namespace) -> None:
+    """Seed torch with ``--seed`` and set ``--threads`` (0 keeps torch's default)."""
+    torch.manual_seed(args.seed)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+

@@ -6,10 +6,16 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from probe.attributions.analysis import AttributionReport, analyze
-from probe.cli import add_common_args, envelope, resolve_device, run_cli, say
+from probe.cli import (
+    add_common_args,
+    add_threads_and_gate_args,
+    envelope,
+    resolve_device,
+    run_cli,
+    say,
+    seed_and_threads,
+)
 from probe.cli import write_outputs as save_outputs
 from probe.errors import ProbeError
 
@@ -52,17 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ig-sequences", type=int, default=4, help="sequences explained by IG (default 4)")
     parser.add_argument("--ig-targets", type=int, default=2, help="answers per sequence explained by IG (default 2)")
     parser.add_argument("--ig-max-steps", type=int, default=256, help="largest number of IG steps (default 256)")
-    parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1; 0 = torch's)")
-    parser.add_argument("--stored-gate", action="store_true",
-                        help="use the gate stored in the checkpoint, not the schedule's gate at its step")
+    add_threads_and_gate_args(parser)
     add_common_args(parser)
 
     def body(args: argparse.Namespace) -> dict[str, Any]:
         from probe.evaluate import parse_lengths
 
-        torch.manual_seed(args.seed)
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
+        seed_and_threads(args)
         if min(args.batch, args.ig_sequences, args.ig_targets, args.ig_max_steps) < 1 or (args.far or 1) < 1:
             raise ProbeError("--batch, --far and the --ig-* sizes must be positive integers")
         lengths = parse_lengths(args.length) if args.length else None

@@ -7,9 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
-import torch
 
-from probe.cli import add_common_args, envelope, resolve_device, run_cli, say
+from probe.cli import (
+    add_common_args,
+    add_threads_and_gate_args,
+    envelope,
+    resolve_device,
+    run_cli,
+    say,
+    seed_and_threads,
+)
 from probe.cli import write_outputs as save_outputs
 from probe.errors import ProbeError
 from probe.gradients.analysis import GradientReport, analyze
@@ -61,19 +68,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--la-step", type=float, default=LookaheadConfig.rel_step,
                         help="size of the lookahead step, |eta d_full| / |theta| "
                              f"(default {LookaheadConfig.rel_step:g})")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads for torch (default 1: these small models run fastest on one; 0 = torch's "
-                             "default)")
-    parser.add_argument("--stored-gate", action="store_true",
-                        help="use the gate stored in the checkpoint, not the schedule's gate at its step")
+    add_threads_and_gate_args(parser)
     add_common_args(parser)
 
     def body(args: argparse.Namespace) -> dict[str, Any]:
         from probe.evaluate import parse_lengths
 
-        torch.manual_seed(args.seed)
-        if args.threads > 0:
-            torch.set_num_threads(args.threads)
+        seed_and_threads(args)
         if min(args.batch, args.la_batches, args.la_eval_batches) < 1 or not args.la_step > 0:
             raise ProbeError("--batch, --la-batches and --la-eval-batches must be positive integers and --la-step "
                              "a positive number")
