@@ -66,8 +66,10 @@ class Checkpoint:
         if family != "hybrid":
             return family
         kind = self.schedule or "joint"
-        frozen_rnn = (self.train_config.get("schedule") or {}).get("freeze_recurrent_after_switch", False)
-        return "hybrid-" + ("dat" if kind == "delayed" else kind) + ("+frozen-rnn" if frozen_rnn else "")
+        sched = self.train_config.get("schedule") or {}
+        scope = "-rnn" if sched.get("stopgrad_scope", "all") == "recurrent" else ""
+        frozen_rnn = "+frozen-rnn" if sched.get("freeze_recurrent_after_switch", False) else ""
+        return "hybrid-" + ("dat" if kind == "delayed" else kind) + scope + frozen_rnn
 
     @property
     def seed(self) -> int | None:

@@ -12,6 +12,8 @@ from probe.errors import ProbeError
 KINDS = ("joint", "delayed", "ramp", "frozen", "adaptive", "stopgrad")
 SWITCHED_KINDS = ("delayed", "ramp", "frozen", "adaptive")
 """Kinds that need a switch step T > 0."""
+STOPGRAD_SCOPES = ("all", "recurrent")
+"""Whose gradient ``stopgrad`` cuts at attention: every parameter below it, or the recurrent sublayers' only."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,10 @@ class ScheduleConfig:
     - ``stopgrad``: gate 1 and attention trains from step 0, but the residual stream is detached where it enters
       each attention sublayer, so no gradient reaches the LSTMs, MLPs or embeddings through attention (the causal
       test of "attention's gradients pollute the LSTM"). With ``switch`` > 0 the detach lasts until T only, then the
-      full gradient flows.
+      full gradient flows. ``stopgrad_scope`` says whose gradient is cut: ``all`` (the detach above) or
+      ``recurrent``: only the recurrent sublayers' parameters (LSTMs and their pre-LN) get the gradient with every
+      path through attention removed, while the MLPs, embeddings and unembedding still get the full gradient (two
+      backward passes a step), to tell whether it is the LSTM alone that must be shielded.
 
     ``freeze_recurrent_after_switch`` (any kind with a switch): from T on, the recurrent sublayers (LSTM and its
     pre-LN) stop training, so phase 2 cannot co-adapt the LSTM; embeddings, MLPs and attention still train.
@@ -42,6 +47,7 @@ class ScheduleConfig:
     target: float = 0.999
     min_switch: float = 0.1
     freeze_recurrent_after_switch: bool = False
+    stopgrad_scope: str = "all"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -57,11 +63,18 @@ class ScheduleConfig:
         if self.freeze_recurrent_after_switch and (self.kind not in SWITCHED_KINDS and
                                                    not (self.kind == "stopgrad" and self.switch > 0)):
             raise ProbeError(f"schedule {self.kind} has no switch: freeze_recurrent_after_switch needs one")
+        if self.stopgrad_scope not in STOPGRAD_SCOPES:
+            raise ProbeError(f"schedule.stopgrad_scope must be one of {', '.join(STOPGRAD_SCOPES)}, "
+                             f"got {self.stopgrad_scope!r}")
+        if self.stopgrad_scope != "all" and self.kind != "stopgrad":
+            raise ProbeError(f"schedule.stopgrad_scope={self.stopgrad_scope} needs schedule.kind=stopgrad")
 
     @property
     def name(self) -> str:
-        """The variant's name as recorded in tables: the kind, plus ``+frozen-rnn`` when the LSTM stops at T."""
-        return self.kind + ("+frozen-rnn" if self.freeze_recurrent_after_switch else "")
+        """The variant's name as recorded in tables: the kind, ``-rnn`` for a stopgrad of the recurrent sublayers
+        only, plus ``+frozen-rnn`` when the LSTM stops at T."""
+        return (self.kind + ("-rnn" if self.stopgrad_scope == "recurrent" else "")
+                + ("+frozen-rnn" if self.freeze_recurrent_after_switch else ""))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -112,8 +125,16 @@ class Schedule:
         return self.cfg.kind in ("joint", "stopgrad") or step >= self.effective_switch
 
     def stopgrad(self, step: int) -> bool:
-        """Whether the stream entering attention is detached at ``step`` (``stopgrad`` only; until T if T > 0)."""
+        """Whether attention's backward path is cut at ``step`` (``stopgrad`` only; until T if T > 0)."""
         return self.cfg.kind == "stopgrad" and (self.switch_step == 0 or step < self.switch_step)
+
+    def stopgrad_all(self, step: int) -> bool:
+        """Whether the stream entering attention is detached for every parameter at ``step``."""
+        return self.stopgrad(step) and self.cfg.stopgrad_scope == "all"
+
+    def stopgrad_recurrent_only(self, step: int) -> bool:
+        """Whether only the recurrent sublayers get the attention-free gradient at ``step`` (two backward passes)."""
+        return self.stopgrad(step) and self.cfg.stopgrad_scope == "recurrent"
 
     def recurrent_trains(self, step: int) -> bool:
         return not (self.cfg.freeze_recurrent_after_switch and step >= self.effective_switch)

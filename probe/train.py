@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from probe.checkpoint import Checkpoint, checkpoint_from_model, load_checkpoint, save_checkpoint
 from probe.cli import add_common_args, resolve_device, run_cli
@@ -26,7 +27,7 @@ from probe.errors import ProbeError
 from probe.evaluate import accuracy_at_length
 from probe.models import HookedSequenceModel, ModelConfig
 from probe.schedules import Schedule, ScheduleConfig
-from probe.tasks import IGNORE_INDEX, TaskConfig, make_task
+from probe.tasks import IGNORE_INDEX, Batch, TaskConfig, make_task
 
 PRECISIONS = ("fp32", "bf16")
 """``bf16``: forward and backward under ``torch.autocast(dtype=bfloat16)``; weights, optimizer state and loss stay
@@ -210,7 +211,7 @@ class Trainer:
     # --- state --------------------------------------------------------------------------------------------
     def _apply_schedule(self, step: int) -> None:
         self.model.set_attention_gate(self.schedule.gate(step))
-        self.model.set_attention_stopgrad(self.schedule.stopgrad(step))
+        self.model.set_attention_stopgrad(self.schedule.stopgrad_all(step))
         trains = self.schedule.attention_trains(step)
         for p in self.model.attention_parameters():
             p.requires_grad_(trains)  # a parameter without a grad is skipped by AdamW: no update, no decay
@@ -257,6 +258,22 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.cfg, step)
         self.model.train()
+        rec_grads = self._recurrent_grads_without_attention(batch, step) \
+            if self.schedule.stopgrad_recurrent_only(step) else None
+        logits, loss = self._loss(batch, step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if rec_grads is not None:  # the recurrent sublayers learn only from the paths that avoid attention
+            for p, grad in zip(self.model.recurrent_parameters(), rec_grads, strict=True):
+                p.grad = grad  # None where the parameter is frozen, as after a plain backward
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        mask = batch.answer_mask
+        acc = ((logits.detach().argmax(-1) == batch.labels) & mask).sum() / mask.sum()
+        return loss.item(), acc.item()
+
+    def _loss(self, batch: Batch, step: int) -> tuple[Tensor, Tensor]:
+        """(logits in fp32, loss) of ``batch``; a non-finite loss stops the run."""
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16"):
             logits = self.forward(batch.tokens)
         logits = logits.float()
@@ -266,13 +283,20 @@ class Trainer:
                 f"non-finite loss ({loss.item()}) at step {step}; stopped, last good checkpoint kept at "
                 f"{self.out / 'last.pt'} (try a lower train.lr)"
             )
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
-        mask = batch.answer_mask
-        acc = ((logits.detach().argmax(-1) == batch.labels) & mask).sum() / mask.sum()
-        return loss.item(), acc.item()
+        return logits, loss
+
+    def _recurrent_grads_without_attention(self, batch: Batch, step: int) -> list[Tensor | None]:
+        """The recurrent parameters' gradient with every path through attention cut (the ``g_rec`` of
+        probe.gradients): a forward with the stream detached at attention's inputs, differentiated for them only."""
+        params = self.model.recurrent_parameters()
+        trained = [p for p in params if p.requires_grad]
+        self.model.set_attention_stopgrad(True)
+        try:
+            _, loss = self._loss(batch, step)
+            grads = dict(zip(map(id, trained), torch.autograd.grad(loss, trained), strict=True)) if trained else {}
+        finally:
+            self.model.set_attention_stopgrad(False)
+        return [grads.get(id(p)) for p in params]
 
     def evaluate(self) -> dict[str, float]:
         self.model.eval()

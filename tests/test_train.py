@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import signal
@@ -17,7 +18,7 @@ from probe.errors import ProbeError
 from probe.models import ModelConfig
 from probe.schedules import Schedule, ScheduleConfig
 from probe.tasks import make_task
-from probe.train import TrainConfig, Trainer, build_configs, lr_at, main, train
+from probe.train import TrainConfig, Trainer, build_configs, lr_at, main, train, train_batch_seed
 
 TASK = make_task("interleaved", train_length=6)
 MODEL = ModelConfig(family="hybrid", vocab_size=TASK.vocab_size, d_model=16, n_layers=1, n_heads=2)
@@ -224,6 +225,44 @@ def test_stopgrad_lstm_gradient_is_the_recurrent_path_and_attention_still_learns
     assert attn and all(grads[n].norm() > 0 for n in attn)
 
 
+def test_stopgrad_of_the_recurrent_sublayers_only_cuts_attention_for_the_lstm_alone(tmp_path):
+    """``stopgrad_scope=recurrent``: the LSTM (and its pre-LN) gets g_rec, every other parameter below attention the
+    full gradient, which differs from what the ``all`` scope would give it; attention still learns."""
+    from probe.gradients import attention_inputs_detached
+
+    cfg = tiny_cfg(schedule=ScheduleConfig(kind="stopgrad", stopgrad_scope="recurrent"), grad_clip=1e9)
+    two_blocks = dataclasses.replace(MODEL, n_layers=2)  # block 0's MLP lies below block 1's attention
+    trainer = Trainer(two_blocks, TASK, cfg, tmp_path, progress=False)
+    grads = _one_step_grads(trainer, 3)
+    model = trainer.model
+    assert not any(b.attn_stopgrad for b in model.attention_blocks), "the forward of the full-gradient pass is plain"
+    g = torch.Generator().manual_seed(train_batch_seed(cfg.seed, 3))
+    length = int(torch.randint(1, TASK.train_length + 1, (1,), generator=g))
+    batch = TASK.sample(length, cfg.batch_size, g)
+    names = [n for n, _ in model.named_parameters()]
+
+    def grad_of(detached: bool) -> dict[str, torch.Tensor]:
+        with attention_inputs_detached(model) if detached else contextlib.nullcontext():
+            loss = model(batch.tokens, labels=batch.labels)
+        got = torch.autograd.grad(loss, list(model.parameters()), allow_unused=True)
+        return {n: gr for n, gr in zip(names, got, strict=True) if gr is not None}
+
+    cut, full = grad_of(True), grad_of(False)
+    rnn = {id(p) for p in model.recurrent_parameters()}
+    rec_names = [n for n, p in model.named_parameters() if id(p) in rnn]
+    below = [n for n in ("embed.weight", "blocks.0.mlp.W_in.weight") if n in full]
+    assert rec_names and len(below) == 2
+    for n in rec_names:
+        torch.testing.assert_close(grads[n], cut[n], rtol=1e-4, atol=1e-7)
+    for n in below:
+        torch.testing.assert_close(grads[n], full[n], rtol=1e-4, atol=1e-7)
+        assert (full[n] - cut[n]).norm() > 1e-3 * full[n].norm(), f"{n}: attention's path must reach it"
+    w = [n for n in rec_names if n.endswith("weight_hh_l0")]
+    assert w and all((full[n] - cut[n]).norm() > 1e-3 * full[n].norm() for n in w)
+    attn = [n for n, p in model.named_parameters() if p.dim() == 2 and ".attn." in n]
+    assert attn and all(grads[n].norm() > 0 for n in attn)
+
+
 def test_stopgrad_with_a_switch_detaches_until_the_switch_only():
     s = Schedule(ScheduleConfig(kind="stopgrad", switch=0.5), total_steps=6)
     assert [s.stopgrad(t) for t in range(6)] == [True] * 3 + [False] * 3
@@ -258,8 +297,15 @@ def test_variants_are_recorded_by_name_and_checked(tmp_path):
     assert final.label == "hybrid-dat+frozen-rnn"
     final = train(MODEL, TASK, tiny_cfg(schedule=ScheduleConfig(kind="stopgrad")), tmp_path / "b", progress=False)
     assert final.label == "hybrid-stopgrad"
+    sched = ScheduleConfig(kind="stopgrad", stopgrad_scope="recurrent")
+    final = train(MODEL, TASK, tiny_cfg(schedule=sched), tmp_path / "c", progress=False)
+    assert final.label == "hybrid-stopgrad-rnn" and sched.name == "stopgrad-rnn"
     with pytest.raises(ProbeError, match="no switch"):
         ScheduleConfig(kind="joint", freeze_recurrent_after_switch=True)
+    with pytest.raises(ProbeError, match="needs schedule.kind=stopgrad"):
+        ScheduleConfig(kind="delayed", switch=20, stopgrad_scope="recurrent")
+    with pytest.raises(ProbeError, match="stopgrad_scope must be one of all, recurrent"):
+        ScheduleConfig(kind="stopgrad", stopgrad_scope="lstm")
     with pytest.raises(ProbeError, match="after the last step"):
         Schedule(ScheduleConfig(kind="delayed", switch=2000), total_steps=50)
 
