@@ -1,56 +1,108 @@
-"""Does bf16 autocast with fused AdamW change what the hybrids learn? Per seed, state and recall token accuracy at
-1x-4x of the fp32 runs (``results/evaluate.json``: the reproduction, seeds 0-2, fp32, default AdamW, trained on an
-earlier machine's CPU) and of the bf16 runs (``results/mechanism/{joint,dat}/seedS/eval.json``: the mechanism grid,
-seeds 0-4, bf16 autocast + fused AdamW, this machine's CPU), and an exact permutation test over seeds on 3x state
-accuracy. Unpaired: the same seed on another CPU already follows another trajectory (fp32 alone, the weights differ
-after 250 steps), so seed-to-seed pairing carries no information here.
+"""Does bf16 autocast with fused AdamW change what the hybrids learn? A paired check over seeds, on one CPU.
 
-Usage: ``python scripts/precision_check.py`` → prints the table, writes ``results/precision_check.json``.
+For ``hybrid-joint`` and ``hybrid-dat``, seeds 0-4, both trained on this machine's CPU from the same seed (same
+initial weights, same batches, same evaluation sequences):
+
+- fp32 with default AdamW: ``results/precision/{joint,dat}-fp32/seedS/eval.json`` (``sweeps/precision.toml``);
+- bf16 autocast with fused AdamW: ``results/mechanism/{joint,dat}/seedS/eval.json`` (``sweeps/mechanism.toml``).
+
+Prints state and recall token accuracy at 1x-4x per seed and pair, and a paired test over seeds of the 3x state
+accuracy: the exact sign-flip permutation test of the mean difference (``scipy.stats.permutation_test`` with
+``permutation_type="samples"``, which enumerates all 2^n sign patterns when n is small; with 5 pairs the smallest
+two-sided p is 2/32 = 0.0625, so "no detectable difference" is all five seeds can say, never "equal"). Also the
+Spearman correlation of the pairs: whether a seed that does well in one precision does well in the other.
+
+Usage: ``python scripts/precision_check.py`` → prints the tables, writes ``results/precision_check.json`` and
+``results/precision/precision_3x.png``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
-
-from probe.sweep.compare import permutation_p
+from scipy import stats
 
 ROOT = Path(__file__).resolve().parent.parent
 LENGTHS = (25, 50, 75, 100)
+SOURCES = {"fp32": ("precision", "{v}-fp32"), "bf16+fused": ("mechanism", "{v}")}
+VARIANTS = {"joint": "hybrid-joint", "dat": "hybrid-dat"}
+
+
+def load_rows() -> pd.DataFrame:
+    rows = []
+    for variant in VARIANTS:
+        for precision, (grid, pattern) in SOURCES.items():
+            for ev in sorted((ROOT / "results" / grid / pattern.format(v=variant)).glob("seed*/eval.json")):
+                for r in json.loads(ev.read_text())["results"]:
+                    if r.get("length") in LENGTHS and r.get("subtask") in ("state", "recall"):
+                        rows.append({"variant": variant, "precision": precision, "seed": r["seed"],
+                                     "subtask": r["subtask"], "length": r["length"], "token_acc": r["token_acc"]})
+    if not rows:
+        raise SystemExit("no eval.json under results/precision or results/mechanism: run the two sweeps first")
+    return pd.DataFrame(rows)
+
+
+def paired_test(fp32: np.ndarray, bf16: np.ndarray) -> dict:
+    """Exact sign-flip permutation test of mean(bf16 - fp32) over seeds, and the pairs' rank correlation."""
+    diff = bf16 - fp32
+    res = stats.permutation_test((bf16, fp32), lambda a, b, axis: np.mean(a - b, axis=axis),
+                                 permutation_type="samples", alternative="two-sided", n_resamples=100_000)
+    rho = stats.spearmanr(fp32, bf16).statistic if len(diff) > 2 else float("nan")
+    return {"n_pairs": len(diff), "mean_fp32": fp32.mean(), "mean_bf16": bf16.mean(), "mean_difference": diff.mean(),
+            "differences": diff.tolist(), "p_paired_permutation": float(res.pvalue),
+            "smallest_attainable_p": 2 / 2 ** len(diff), "spearman_pairs": float(rho)}
+
+
+def plot(pairs: pd.DataFrame, out: Path) -> None:
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(VARIANTS), figsize=(7, 3.4), sharey=True)
+    for ax, variant in zip(axes, VARIANTS, strict=True):
+        part = pairs[pairs.variant == variant]
+        for r in part.itertuples():
+            ax.plot([0, 1], [100 * r.fp32, 100 * r.bf16], "-o", color="0.35", ms=4)
+            ax.annotate(f"s{r.seed}", (1.04, 100 * r.bf16), fontsize=7, va="center")
+        ax.set_xticks([0, 1], ["fp32\ndefault AdamW", "bf16 autocast\nfused AdamW"])
+        ax.set_xlim(-0.3, 1.35)
+        ax.set_title(f"{VARIANTS[variant]} (n = {len(part)} seeds)", fontsize=9)
+    axes[0].set_ylabel("state token accuracy at 3x L_train (%)")
+    fig.suptitle("Same seed, same CPU, two precisions: 3x state accuracy per seed", fontsize=9)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=130)
 
 
 def main() -> None:
-    rows = []
-    fp32 = pd.DataFrame(json.loads((ROOT / "results" / "evaluate.json").read_text())["results"])
-    for label, variant in (("hybrid-joint", "joint"), ("hybrid-dat", "dat")):
-        part = fp32[(fp32.label == label) & fp32.length.isin(LENGTHS)]
-        for r in part.itertuples():
-            if r.subtask in ("state", "recall"):
-                rows.append({"variant": variant, "precision": "fp32", "seed": r.seed, "subtask": r.subtask,
-                             "length": int(r.length), "token_acc": r.token_acc})
-        for ev in sorted((ROOT / "results" / "mechanism" / variant).glob("seed*/eval.json")):
-            for r in json.loads(ev.read_text())["results"]:
-                if r.get("length") in LENGTHS and r.get("subtask") in ("state", "recall"):
-                    rows.append({"variant": variant, "precision": "bf16+fused", "seed": r["seed"],
-                                 "subtask": r["subtask"], "length": r["length"], "token_acc": r["token_acc"]})
-    frame = pd.DataFrame(rows)
-    table = frame.pivot_table(index=["variant", "precision", "seed"], columns=["subtask", "length"],
+    frame = load_rows()
+    table = frame.pivot_table(index=["variant", "seed", "precision"], columns=["subtask", "length"],
                               values="token_acc")
     print((100 * table).round(1).to_string())
+    at3 = frame[(frame.subtask == "state") & (frame.length == 75)]
+    pairs = at3.pivot_table(index=["variant", "seed"], columns="precision", values="token_acc").dropna().reset_index()
+    pairs.columns = [{"bf16+fused": "bf16"}.get(c, c) for c in pairs.columns]
     tests = []
-    for variant in ("joint", "dat"):
-        at = frame[(frame.variant == variant) & (frame.subtask == "state") & (frame.length == 75)]
-        a = at[at.precision == "bf16+fused"].token_acc.to_numpy()
-        b = at[at.precision == "fp32"].token_acc.to_numpy()
-        test = {"variant": variant, "n_bf16": len(a), "n_fp32": len(b), "mean_bf16": a.mean(), "mean_fp32": b.mean(),
-                "difference": a.mean() - b.mean(), "p_permutation": permutation_p(a, b)}
+    for variant in VARIANTS:
+        part = pairs[pairs.variant == variant]
+        if len(part) < 2:
+            print(f"{variant}: fewer than 2 seeds with both precisions; no test")
+            continue
+        test = {"variant": variant, "seeds": part.seed.tolist(), **paired_test(part.fp32.to_numpy(),
+                                                                              part.bf16.to_numpy())}
         tests.append(test)
-        print(f"{variant}: state at 3x, bf16+fused {100 * a.mean():.1f} % (n={len(a)}) vs fp32 {100 * b.mean():.1f} % "
-              f"(n={len(b)}), difference {100 * test['difference']:+.1f} points, permutation p = "
-              f"{test['p_permutation']:.3f}")
-    out = {"per_seed": frame.to_dict("records"), "tests": tests}
+        print(f"{variant}: 3x state, fp32 {100 * test['mean_fp32']:.1f} % vs bf16+fused {100 * test['mean_bf16']:.1f} % "
+              f"over seeds {test['seeds']}; mean paired difference {100 * test['mean_difference']:+.1f} points "
+              f"(per seed {', '.join(f'{100 * d:+.1f}' for d in test['differences'])}); exact paired permutation "
+              f"p = {test['p_paired_permutation']:.3f} (smallest attainable {test['smallest_attainable_p']:.4f}); "
+              f"Spearman of the pairs {test['spearman_pairs']:+.2f}")
+    plot(pairs, ROOT / "results" / "precision" / "precision_3x.png")
+    out = {"fp32": "results/precision/{joint,dat}-fp32 (sweeps/precision.toml)",
+           "bf16+fused": "results/mechanism/{joint,dat} (sweeps/mechanism.toml)",
+           "per_seed": frame.to_dict("records"), "tests": tests}
     (ROOT / "results" / "precision_check.json").write_text(json.dumps(out, indent=1) + "\n")
 
 

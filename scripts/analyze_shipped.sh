@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Rerun every analysis of the shipped checkpoints whose output README and docs quote: results/{gradients,
+# attributions,probes,shortcuts}/, figures/ and the executed notebooks. Run it after a file in checkpoints/ changes.
+# Each step is one of the commands the docs give; on this 2-core machine the whole script takes about 30 min of CPU.
+# Usage: scripts/analyze_shipped.sh [STEP ...]   (steps: gradients attributions probes shortcuts figures notebooks;
+# default all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+export MPLBACKEND=Agg
+steps=("$@")
+[ ${#steps[@]} -gt 0 ] || steps=(gradients attributions probes shortcuts figures notebooks)
+hybrids=(checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt)
+
+# write stdout to FILE only when the command succeeds (no half-written result)
+to() { local file=$1; shift; local tmp; tmp=$(mktemp "$file.XXXX"); if "$@" > "$tmp"; then mv "$tmp" "$file"; else rm -f "$tmp"; return 1; fi; }
+
+for step in "${steps[@]}"; do
+  echo "=== $step ($(date +%T))" >&2
+  case $step in
+    gradients)
+      to results/gradients/trajectories_shipped.json $PY -m probe.gradients checkpoints/trajectories/hybrid-joint \
+        checkpoints/trajectories/hybrid-dat --json
+      to results/gradients/final_shipped.json $PY -m probe.gradients "${hybrids[@]}" --json ;;
+    attributions)
+      to results/attributions/final_shipped.json $PY -m probe.attributions "${hybrids[@]}" --json
+      to results/attributions/final_ig_L25_shipped.json $PY -m probe.attributions "${hybrids[@]}" --length 25 --ig --json ;;
+    probes)
+      $PY -m probe.probes checkpoints/*.pt --json --out results/probes > /dev/null ;;
+    shortcuts)
+      $PY -m probe.shortcuts checkpoints/*.pt --json --out results/shortcuts > /dev/null ;;
+    figures)
+      $PY -m probe.figures --out figures ;;
+    notebooks)
+      (cd notebooks && for nb in *.ipynb; do
+        echo "  $nb" >&2
+        $PY -c 'import sys, nbformat; from nbclient import NotebookClient
+nb = nbformat.read(sys.argv[1], as_version=4)
+NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": "."}}).execute()
+nbformat.write(nb, sys.argv[1])' "$nb"
+      done) ;;
+    *) echo "unknown step $step (gradients attributions probes shortcuts figures notebooks)" >&2; exit 2 ;;
+  esac
+done
