@@ -68,11 +68,11 @@ class Inputs:
 
     @cached_property
     def gradients_over_training(self) -> Any:
-        """``results/gradients/trajectories_seed0.json`` (the CLI's output over the shipped trajectories; the
+        """``results/gradients/trajectories_shipped.json`` (the CLI's output over the shipped trajectories; the
         lookahead takes about 20 s a checkpoint); else computed, small when quick."""
         from probe import gradients
 
-        path = self.results / "gradients" / "trajectories_seed0.json"
+        path = self.results / "gradients" / "trajectories_shipped.json"
         if path.exists() and not self.quick:
             return gradients.GradientReport.from_json(json.loads(path.read_text()))
         cfg = gradients.LookaheadConfig(n_batches=2, batch_size=8, eval_batches=1, train_eval_batches=1) \
@@ -193,19 +193,20 @@ FIGURES: list[FigureSpec] = [
                "python scripts/ship.py (python -m probe.evaluate runs/*/seed*/final.pt --lengths 1:100)",
                "results/evaluate.json (all seeds)", _accuracy),
     FigureSpec("gradient_interference",
-               "Gradient interference over training, joint vs DAT (seed 0 trajectories): |g_att|/|g| and the cosines "
-               "of the attention-path gradient on the LSTM weights with the recurrent-path gradient of the state loss, "
-               "at L_train and 3 L_train, on one batch each. Dashed: DAT switches attention on.",
+               "Gradient interference over training, joint vs DAT (the shipped trajectories): |g_att|/|g| and "
+               "the cosines of the attention-path gradient on the LSTM weights with the recurrent-path gradient of "
+               "the state loss, at L_train and 3 L_train, on one batch each. Dashed: DAT switches attention on.",
                "python -m probe.gradients checkpoints/trajectories/hybrid-joint checkpoints/trajectories/hybrid-dat",
-               "results/gradients/trajectories_seed0.json", _grad_training),
+               "results/gradients/trajectories_shipped.json", _grad_training),
     FigureSpec("gradient_lookahead",
-               "Lookahead over training, joint vs DAT (seed 0 trajectories): z = first-order change / standard error "
-               "of the training loss and of the state loss at L_train and 3 L_train after a small step along -g_att, "
-               "-g_rec and -g of the training loss (averaged over lengths 1-25 as the trainer samples them); grey: "
-               "|z| < 2; raw gradients (these snapshots hold no optimizer moments). z > 2 in the 3x column with z < -2 "
+               "Lookahead over training, joint vs DAT (the shipped trajectories): z = first-order change / "
+               "standard error of the training loss and of the state loss at L_train and 3 L_train after a small "
+               "step along -g_att, -g_rec and -g of the training loss (averaged over lengths 1-25 as the trainer "
+               "samples them); grey: |z| < 2; joint: steps preconditioned by the AdamW second moments its "
+               "snapshots hold, DAT: raw gradients (its snapshots hold none). z > 2 in the 3x column with z < -2 "
                "for the training loss is what the interference hypothesis predicts for g_att.",
                "python -m probe.gradients checkpoints/trajectories/hybrid-joint checkpoints/trajectories/hybrid-dat",
-               "results/gradients/trajectories_seed0.json", _grad_lookahead),
+               "results/gradients/trajectories_shipped.json", _grad_lookahead),
     FigureSpec("gradient_blocks",
                "Per-block interference of the final joint hybrid: |g_att|/|g| and cosines per LSTM block and length.",
                "python -m probe.gradients checkpoints/hybrid-joint.pt", "checkpoints/hybrid-joint.pt", _grad_blocks),
@@ -298,7 +299,8 @@ def write_index(out: Path, made: dict[str, float], seed: int) -> None:
     shown_out = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out.name
     lines = ["# Figures", "",
              f"Made by `python -m probe.figures --out {shown_out}` (analysis seed {seed}) from the shipped checkpoints "
-             f"in `checkpoints/` (training seed 0) and `results/evaluate.json` (all trained seeds); the figures "
+             f"in `checkpoints/` (the joint hybrid: the median of five seeds; the others: seed 0) and "
+             f"`results/evaluate.json` (all trained seeds); the figures "
              f"below took {total:.0f} s on one CPU core (`--only NAME` remakes one and keeps the other rows). Each "
              "row says which command computes the same numbers.", "",
              "| file | caption | same numbers from | inputs | seconds |", "|---|---|---|---|---|", *rows]

@@ -91,11 +91,12 @@ def main() -> None:
         if len(part) < 2:
             print(f"{variant}: fewer than 2 seeds with both precisions; no test")
             continue
-        test = {"variant": variant, "seeds": part.seed.tolist(), **paired_test(part.fp32.to_numpy(),
-                                                                              part.bf16.to_numpy())}
+        test = {"variant": variant, "seeds": part.seed.tolist(),
+                **paired_test(part.fp32.to_numpy(), part.bf16.to_numpy())}
         tests.append(test)
-        print(f"{variant}: 3x state, fp32 {100 * test['mean_fp32']:.1f} % vs bf16+fused {100 * test['mean_bf16']:.1f} % "
-              f"over seeds {test['seeds']}; mean paired difference {100 * test['mean_difference']:+.1f} points "
+        print(f"{variant}: 3x state, fp32 {100 * test['mean_fp32']:.1f} % vs bf16+fused "
+              f"{100 * test['mean_bf16']:.1f} % over seeds {test['seeds']}; mean paired difference "
+              f"{100 * test['mean_difference']:+.1f} points "
               f"(per seed {', '.join(f'{100 * d:+.1f}' for d in test['differences'])}); exact paired permutation "
               f"p = {test['p_paired_permutation']:.3f} (smallest attainable {test['smallest_attainable_p']:.4f}); "
               f"Spearman of the pairs {test['spearman_pairs']:+.2f}")
