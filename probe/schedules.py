@@ -12,8 +12,9 @@ from probe.errors import ProbeError
 KINDS = ("joint", "delayed", "ramp", "frozen", "adaptive", "stopgrad")
 SWITCHED_KINDS = ("delayed", "ramp", "frozen", "adaptive")
 """Kinds that need a switch step T > 0."""
-STOPGRAD_SCOPES = ("all", "recurrent")
-"""Whose gradient ``stopgrad`` cuts at attention: every parameter below it, or the recurrent sublayers' only."""
+STOPGRAD_SCOPES = {"all": "", "recurrent": "-rnn", "nonrecurrent": "-nonrnn"}
+"""Whose gradient ``stopgrad`` cuts at attention (with the suffix of the variant's name): every parameter's, the
+recurrent sublayers' only, or every parameter's but theirs."""
 
 
 @dataclass(frozen=True)
@@ -30,10 +31,11 @@ class ScheduleConfig:
     - ``stopgrad``: gate 1 and attention trains from step 0, but the residual stream is detached where it enters
       each attention sublayer, so no gradient reaches the LSTMs, MLPs or embeddings through attention (the causal
       test of "attention's gradients pollute the LSTM"). With ``switch`` > 0 the detach lasts until T only, then the
-      full gradient flows. ``stopgrad_scope`` says whose gradient is cut: ``all`` (the detach above) or
+      full gradient flows. ``stopgrad_scope`` says whose gradient is cut: ``all`` (the detach above);
       ``recurrent``: only the recurrent sublayers' parameters (LSTMs and their pre-LN) get the gradient with every
-      path through attention removed, while the MLPs, embeddings and unembedding still get the full gradient (two
-      backward passes a step), to tell whether it is the LSTM alone that must be shielded.
+      path through attention removed, while the MLPs, embeddings and unembedding get the full gradient; or
+      ``nonrecurrent``, the complement: the LSTMs get the full gradient and every other parameter the cut one. The
+      two split scopes take two backward passes a step; they tell whether it is the LSTM that must be shielded.
 
     ``freeze_recurrent_after_switch`` (any kind with a switch): from T on, the recurrent sublayers (LSTM and its
     pre-LN) stop training, so phase 2 cannot co-adapt the LSTM; embeddings, MLPs and attention still train.
@@ -71,9 +73,9 @@ class ScheduleConfig:
 
     @property
     def name(self) -> str:
-        """The variant's name as recorded in tables: the kind, ``-rnn`` for a stopgrad of the recurrent sublayers
-        only, plus ``+frozen-rnn`` when the LSTM stops at T."""
-        return (self.kind + ("-rnn" if self.stopgrad_scope == "recurrent" else "")
+        """The variant's name as recorded in tables: the kind, the stopgrad scope's suffix (``-rnn``, ``-nonrnn``),
+        plus ``+frozen-rnn`` when the LSTM stops at T."""
+        return (self.kind + STOPGRAD_SCOPES[self.stopgrad_scope]
                 + ("+frozen-rnn" if self.freeze_recurrent_after_switch else ""))
 
     def to_dict(self) -> dict[str, Any]:
@@ -132,9 +134,9 @@ class Schedule:
         """Whether the stream entering attention is detached for every parameter at ``step``."""
         return self.stopgrad(step) and self.cfg.stopgrad_scope == "all"
 
-    def stopgrad_recurrent_only(self, step: int) -> bool:
-        """Whether only the recurrent sublayers get the attention-free gradient at ``step`` (two backward passes)."""
-        return self.stopgrad(step) and self.cfg.stopgrad_scope == "recurrent"
+    def stopgrad_split(self, step: int) -> str | None:
+        """The split scope (``recurrent`` or ``nonrecurrent``: two backward passes) in force at ``step``, else None."""
+        return self.cfg.stopgrad_scope if self.stopgrad(step) and self.cfg.stopgrad_scope != "all" else None
 
     def recurrent_trains(self, step: int) -> bool:
         return not (self.cfg.freeze_recurrent_after_switch and step >= self.effective_switch)

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from probe.checkpoint import Checkpoint, checkpoint_from_model, load_checkpoint, save_checkpoint
 from probe.cli import add_common_args, resolve_device, run_cli
@@ -258,14 +258,14 @@ class Trainer:
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(self.cfg, step)
         self.model.train()
-        rec_grads = self._recurrent_grads_without_attention(batch, step) \
-            if self.schedule.stopgrad_recurrent_only(step) else None
+        split = self.schedule.stopgrad_split(step)
+        cut_params = self._split_parameters(split) if split else []
+        cut_grads = self._grads_without_attention(batch, step, cut_params) if split else []
         logits, loss = self._loss(batch, step)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if rec_grads is not None:  # the recurrent sublayers learn only from the paths that avoid attention
-            for p, grad in zip(self.model.recurrent_parameters(), rec_grads, strict=True):
-                p.grad = grad  # None where the parameter is frozen, as after a plain backward
+        for p, grad in zip(cut_params, cut_grads, strict=True):  # these learn only from paths that avoid attention
+            p.grad = grad  # None where the parameter is frozen or unreached, as after a plain backward
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         mask = batch.answer_mask
@@ -285,18 +285,26 @@ class Trainer:
             )
         return logits, loss
 
-    def _recurrent_grads_without_attention(self, batch: Batch, step: int) -> list[Tensor | None]:
-        """The recurrent parameters' gradient with every path through attention cut (the ``g_rec`` of
+    def _split_parameters(self, scope: str) -> list[nn.Parameter]:
+        """The parameters that get the attention-free gradient under a split ``stopgrad_scope``."""
+        recurrent = self.model.recurrent_parameters()
+        if scope == "recurrent":
+            return recurrent
+        rec = {id(p) for p in recurrent}
+        return [p for p in self.model.parameters() if id(p) not in rec]
+
+    def _grads_without_attention(self, batch: Batch, step: int, params: list[nn.Parameter]) -> list[Tensor | None]:
+        """``params``' gradient with every path through attention cut (for the LSTM weights, the ``g_rec`` of
         probe.gradients): a forward with the stream detached at attention's inputs, differentiated for them only."""
-        params = self.model.recurrent_parameters()
         trained = [p for p in params if p.requires_grad]
         self.model.set_attention_stopgrad(True)
         try:
             _, loss = self._loss(batch, step)
-            grads = dict(zip(map(id, trained), torch.autograd.grad(loss, trained), strict=True)) if trained else {}
+            grads = torch.autograd.grad(loss, trained, allow_unused=True) if trained else ()
         finally:
             self.model.set_attention_stopgrad(False)
-        return [grads.get(id(p)) for p in params]
+        found = dict(zip(map(id, trained), grads, strict=True))
+        return [found.get(id(p)) for p in params]
 
     def evaluate(self) -> dict[str, float]:
         self.model.eval()

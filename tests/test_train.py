@@ -227,12 +227,14 @@ def test_stopgrad_lstm_gradient_is_the_recurrent_path_and_attention_still_learns
     assert attn and all(grads[n].norm() > 0 for n in attn)
 
 
-def test_stopgrad_of_the_recurrent_sublayers_only_cuts_attention_for_the_lstm_alone(tmp_path):
+@pytest.mark.parametrize("scope", ["recurrent", "nonrecurrent"])
+def test_split_stopgrad_cuts_attention_for_exactly_its_side(tmp_path, scope):
     """``stopgrad_scope=recurrent``: the LSTM (and its pre-LN) gets g_rec, every other parameter below attention the
-    full gradient, which differs from what the ``all`` scope would give it; attention still learns."""
+    full gradient; ``nonrecurrent``: the other way round. Each side differs from what the other scope gives it, and
+    attention still learns."""
     from probe.gradients import attention_inputs_detached
 
-    cfg = tiny_cfg(schedule=ScheduleConfig(kind="stopgrad", stopgrad_scope="recurrent"), grad_clip=1e9)
+    cfg = tiny_cfg(schedule=ScheduleConfig(kind="stopgrad", stopgrad_scope=scope), grad_clip=1e9)
     two_blocks = dataclasses.replace(MODEL, n_layers=2)  # block 0's MLP lies below block 1's attention
     trainer = Trainer(two_blocks, TASK, cfg, tmp_path, progress=False)
     grads = _one_step_grads(trainer, 3)
@@ -251,16 +253,16 @@ def test_stopgrad_of_the_recurrent_sublayers_only_cuts_attention_for_the_lstm_al
 
     cut, full = grad_of(True), grad_of(False)
     rnn = {id(p) for p in model.recurrent_parameters()}
-    rec_names = [n for n, p in model.named_parameters() if id(p) in rnn]
-    below = [n for n in ("embed.weight", "blocks.0.mlp.W_in.weight") if n in full]
-    assert rec_names and len(below) == 2
-    for n in rec_names:
+    rec_names = [n for n, p in model.named_parameters() if id(p) in rnn and n.endswith("weight_hh_l0")]
+    below = ["embed.weight", "blocks.0.mlp.W_in.weight"]
+    assert len(rec_names) == 2 and all(n in full for n in below)
+    cut_side, full_side = (rec_names, below) if scope == "recurrent" else (below, rec_names)
+    for n in cut_side:
         torch.testing.assert_close(grads[n], cut[n], rtol=1e-4, atol=1e-7)
-    for n in below:
+    for n in full_side:
         torch.testing.assert_close(grads[n], full[n], rtol=1e-4, atol=1e-7)
+    for n in rec_names + below:
         assert (full[n] - cut[n]).norm() > 1e-3 * full[n].norm(), f"{n}: attention's path must reach it"
-    w = [n for n in rec_names if n.endswith("weight_hh_l0")]
-    assert w and all((full[n] - cut[n]).norm() > 1e-3 * full[n].norm() for n in w)
     attn = [n for n, p in model.named_parameters() if p.dim() == 2 and ".attn." in n]
     assert attn and all(grads[n].norm() > 0 for n in attn)
 
@@ -302,11 +304,12 @@ def test_variants_are_recorded_by_name_and_checked(tmp_path):
     sched = ScheduleConfig(kind="stopgrad", stopgrad_scope="recurrent")
     final = train(MODEL, TASK, tiny_cfg(schedule=sched), tmp_path / "c", progress=False)
     assert final.label == "hybrid-stopgrad-rnn" and sched.name == "stopgrad-rnn"
+    assert ScheduleConfig(kind="stopgrad", stopgrad_scope="nonrecurrent").name == "stopgrad-nonrnn"
     with pytest.raises(ProbeError, match="no switch"):
         ScheduleConfig(kind="joint", freeze_recurrent_after_switch=True)
     with pytest.raises(ProbeError, match="needs schedule.kind=stopgrad"):
         ScheduleConfig(kind="delayed", switch=20, stopgrad_scope="recurrent")
-    with pytest.raises(ProbeError, match="stopgrad_scope must be one of all, recurrent"):
+    with pytest.raises(ProbeError, match="stopgrad_scope must be one of all, recurrent, nonrecurrent"):
         ScheduleConfig(kind="stopgrad", stopgrad_scope="lstm")
     with pytest.raises(ProbeError, match="after the last step"):
         Schedule(ScheduleConfig(kind="delayed", switch=2000), total_steps=50)
