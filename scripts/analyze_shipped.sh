@@ -12,8 +12,14 @@ steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(gradients attributions probes shortcuts figures notebooks)
 hybrids=(checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt)
 
-# write stdout to FILE only when the command succeeds (no half-written result)
-to() { local file=$1; shift; local tmp; tmp=$(mktemp "$file.XXXX"); if "$@" > "$tmp"; then mv "$tmp" "$file"; else rm -f "$tmp"; return 1; fi; }
+# write stdout to FILE only when the command succeeds (no half-written result, also when the script is killed)
+tmp=""
+trap '[ -z "$tmp" ] || rm -f "$tmp"' EXIT
+to() {
+  local file=$1; shift
+  tmp=$(mktemp "$file.XXXX")
+  if "$@" > "$tmp"; then mv "$tmp" "$file"; tmp=""; else rm -f "$tmp"; tmp=""; return 1; fi
+}
 
 for step in "${steps[@]}"; do
   echo "=== $step ($(date +%T))" >&2
