@@ -15,6 +15,8 @@ hybrids=(checkpoints/hybrid-joint.pt checkpoints/hybrid-dat.pt)
 # write stdout to FILE only when the command succeeds (no half-written result, also when the script is killed)
 tmp=""
 trap '[ -z "$tmp" ] || rm -f "$tmp"' EXIT
+trap "exit 130" INT
+trap "exit 143" TERM
 to() {
   local file=$1; shift
   tmp=$(mktemp "$file.XXXX")
