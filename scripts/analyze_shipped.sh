@@ -6,7 +6,7 @@
 # default all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
+PY=${PYTHON:-$PWD/.venv/bin/python}
 export MPLBACKEND=Agg
 steps=("$@")
 [ ${#steps[@]} -gt 0 ] || steps=(gradients attributions probes shortcuts figures notebooks)
