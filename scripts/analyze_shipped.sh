@@ -20,7 +20,7 @@ trap "exit 143" TERM
 to() {
   local file=$1; shift
   tmp=$(mktemp "$file.XXXX")
-  if "$@" > "$tmp"; then mv "$tmp" "$file"; tmp=""; else rm -f "$tmp"; tmp=""; return 1; fi
+  if "$@" > "$tmp"; then chmod a+r "$tmp"; mv "$tmp" "$file"; tmp=""; else rm -f "$tmp"; tmp=""; return 1; fi
 }
 
 for step in "${steps[@]}"; do
