@@ -25,7 +25,7 @@ import torch
 from probe import __version__
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel, ModelConfig
-from probe.schedules import STOPGRAD_SCOPES
+from probe.schedules import scope_suffix
 from probe.tasks import TaskConfig, task_from_dict
 
 FORMAT = "probe-checkpoint"
@@ -68,7 +68,7 @@ class Checkpoint:
             return family
         kind = self.schedule or "joint"
         sched = self.train_config.get("schedule") or {}
-        scope = STOPGRAD_SCOPES.get(sched.get("stopgrad_scope", "all"), "")
+        scope = scope_suffix(str(sched.get("stopgrad_scope", "all")))
         frozen_rnn = "+frozen-rnn" if sched.get("freeze_recurrent_after_switch", False) else ""
         return "hybrid-" + ("dat" if kind == "delayed" else kind) + scope + frozen_rnn
 

@@ -4,6 +4,7 @@ attention's parameters train (SPEC section 5)."""
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,21 @@ SWITCHED_KINDS = ("delayed", "ramp", "frozen", "adaptive")
 """Kinds that need a switch step T > 0."""
 STOPGRAD_SCOPES = {"all": "", "recurrent": "-rnn", "nonrecurrent": "-nonrnn"}
 """Whose gradient ``stopgrad`` cuts at attention (with the suffix of the variant's name): every parameter's, the
-recurrent sublayers' only, or every parameter's but theirs."""
+recurrent sublayers' only, or every parameter's but theirs; ``recurrent:N`` (suffix ``-rnnN``) is block N's recurrent
+sublayer only."""
+_BLOCK_SCOPE = re.compile(r"recurrent:(\d+)")
+
+
+def split_scope(scope: str) -> tuple[str, int | None]:
+    """``(scope, block)``: ``recurrent:N`` is ``("recurrent", N)``; any other scope has block None."""
+    m = _BLOCK_SCOPE.fullmatch(scope)
+    return ("recurrent", int(m.group(1))) if m else (scope, None)
+
+
+def scope_suffix(scope: str) -> str:
+    """The variant-name suffix of a ``stopgrad_scope`` ("" for one this version does not know)."""
+    name, block = split_scope(scope)
+    return STOPGRAD_SCOPES.get(name, "") + ("" if block is None else str(block))
 
 
 @dataclass(frozen=True)
@@ -34,8 +49,9 @@ class ScheduleConfig:
       full gradient flows. ``stopgrad_scope`` says whose gradient is cut: ``all`` (the detach above);
       ``recurrent``: only the recurrent sublayers' parameters (LSTMs and their pre-LN) get the gradient with every
       path through attention removed, while the MLPs, embeddings and unembedding get the full gradient; or
-      ``nonrecurrent``, the complement: the LSTMs get the full gradient and every other parameter the cut one. The
-      two split scopes take two backward passes a step; they tell whether it is the LSTM that must be shielded.
+      ``nonrecurrent``, the complement: the LSTMs get the full gradient and every other parameter the cut one; or
+      ``recurrent:N``: block N's LSTM (and pre-LN) only. The split scopes take two backward passes a step; they tell
+      whether (and which) LSTM must be shielded.
 
     ``freeze_recurrent_after_switch`` (any kind with a switch): from T on, the recurrent sublayers (LSTM and its
     pre-LN) stop training, so phase 2 cannot co-adapt the LSTM; embeddings, MLPs and attention still train.
@@ -65,9 +81,9 @@ class ScheduleConfig:
         if self.freeze_recurrent_after_switch and (self.kind not in SWITCHED_KINDS and
                                                    not (self.kind == "stopgrad" and self.switch > 0)):
             raise ProbeError(f"schedule {self.kind} has no switch: freeze_recurrent_after_switch needs one")
-        if self.stopgrad_scope not in STOPGRAD_SCOPES:
-            raise ProbeError(f"schedule.stopgrad_scope must be one of {', '.join(STOPGRAD_SCOPES)}, "
-                             f"got {self.stopgrad_scope!r}")
+        if not isinstance(self.stopgrad_scope, str) or split_scope(self.stopgrad_scope)[0] not in STOPGRAD_SCOPES:
+            raise ProbeError(f"schedule.stopgrad_scope must be one of {', '.join(STOPGRAD_SCOPES)} or recurrent:N "
+                             f"(block N's LSTM only), got {self.stopgrad_scope!r}")
         if self.stopgrad_scope != "all" and self.kind != "stopgrad":
             raise ProbeError(f"schedule.stopgrad_scope={self.stopgrad_scope} needs schedule.kind=stopgrad")
 
@@ -75,7 +91,7 @@ class ScheduleConfig:
     def name(self) -> str:
         """The variant's name as recorded in tables: the kind, the stopgrad scope's suffix (``-rnn``, ``-nonrnn``),
         plus ``+frozen-rnn`` when the LSTM stops at T."""
-        return (self.kind + STOPGRAD_SCOPES[self.stopgrad_scope]
+        return (self.kind + scope_suffix(self.stopgrad_scope)
                 + ("+frozen-rnn" if self.freeze_recurrent_after_switch else ""))
 
     def to_dict(self) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from probe.cli import add_common_args, resolve_device, run_cli
 from probe.errors import ProbeError
 from probe.evaluate import accuracy_at_length
 from probe.models import HookedSequenceModel, ModelConfig
-from probe.schedules import Schedule, ScheduleConfig
+from probe.schedules import Schedule, ScheduleConfig, split_scope
 from probe.tasks import IGNORE_INDEX, Batch, TaskConfig, make_task
 
 PRECISIONS = ("fp32", "bf16")
@@ -199,6 +199,10 @@ class Trainer:
         # compile the forward only; hooks, gates and checkpoints keep working on self.model
         self.forward = torch.compile(self.model, dynamic=True) if cfg.compile else self.model
         self.schedule = Schedule(cfg.schedule, cfg.steps)
+        block = split_scope(cfg.schedule.stopgrad_scope)[1]
+        if block is not None and not (block < model_cfg.n_layers and self.model.recurrent_parameters(block)):
+            raise ProbeError(f"schedule.stopgrad_scope=recurrent:{block}: the model has no LSTM in block {block} "
+                             f"({model_cfg.n_layers} blocks)")
         self.step = 0
         self.metrics: dict[str, Any] = {}
         self.running: dict[str, float] = {}
@@ -287,9 +291,10 @@ class Trainer:
 
     def _split_parameters(self, scope: str) -> list[nn.Parameter]:
         """The parameters that get the attention-free gradient under a split ``stopgrad_scope``."""
-        recurrent = self.model.recurrent_parameters()
+        scope, block = split_scope(scope)
         if scope == "recurrent":
-            return recurrent
+            return self.model.recurrent_parameters(block)
+        recurrent = self.model.recurrent_parameters()
         rec = {id(p) for p in recurrent}
         return [p for p in self.model.parameters() if id(p) not in rec]
 

@@ -227,11 +227,11 @@ def test_stopgrad_lstm_gradient_is_the_recurrent_path_and_attention_still_learns
     assert attn and all(grads[n].norm() > 0 for n in attn)
 
 
-@pytest.mark.parametrize("scope", ["recurrent", "nonrecurrent"])
+@pytest.mark.parametrize("scope", ["recurrent", "nonrecurrent", "recurrent:0"])
 def test_split_stopgrad_cuts_attention_for_exactly_its_side(tmp_path, scope):
-    """``stopgrad_scope=recurrent``: the LSTM (and its pre-LN) gets g_rec, every other parameter below attention the
-    full gradient; ``nonrecurrent``: the other way round. Each side differs from what the other scope gives it, and
-    attention still learns."""
+    """``stopgrad_scope=recurrent``: the LSTMs (and their pre-LN) get g_rec, every other parameter below attention
+    the full gradient; ``nonrecurrent``: the other way round; ``recurrent:0``: block 0's LSTM alone gets g_rec. Each
+    side differs from what the other scope gives it, and attention still learns."""
     from probe.gradients import attention_inputs_detached
 
     cfg = tiny_cfg(schedule=ScheduleConfig(kind="stopgrad", stopgrad_scope=scope), grad_clip=1e9)
@@ -256,7 +256,9 @@ def test_split_stopgrad_cuts_attention_for_exactly_its_side(tmp_path, scope):
     rec_names = [n for n, p in model.named_parameters() if id(p) in rnn and n.endswith("weight_hh_l0")]
     below = ["embed.weight", "blocks.0.mlp.W_in.weight"]
     assert len(rec_names) == 2 and all(n in full for n in below)
-    cut_side, full_side = (rec_names, below) if scope == "recurrent" else (below, rec_names)
+    cut_side, full_side = {"recurrent": (rec_names, below), "nonrecurrent": (below, rec_names),
+                           "recurrent:0": (rec_names[:1], rec_names[1:] + below)}[scope]
+    assert rec_names[0].startswith("blocks.0.")
     for n in cut_side:
         torch.testing.assert_close(grads[n], cut[n], rtol=1e-4, atol=1e-7)
     for n in full_side:
@@ -305,11 +307,15 @@ def test_variants_are_recorded_by_name_and_checked(tmp_path):
     final = train(MODEL, TASK, tiny_cfg(schedule=sched), tmp_path / "c", progress=False)
     assert final.label == "hybrid-stopgrad-rnn" and sched.name == "stopgrad-rnn"
     assert ScheduleConfig(kind="stopgrad", stopgrad_scope="nonrecurrent").name == "stopgrad-nonrnn"
+    sched = ScheduleConfig(kind="stopgrad", stopgrad_scope="recurrent:1")
+    assert sched.name == "stopgrad-rnn1"
+    with pytest.raises(ProbeError, match="no LSTM in block 1"):
+        Trainer(MODEL, TASK, tiny_cfg(schedule=sched), tmp_path / "d", progress=False)
     with pytest.raises(ProbeError, match="no switch"):
         ScheduleConfig(kind="joint", freeze_recurrent_after_switch=True)
     with pytest.raises(ProbeError, match="needs schedule.kind=stopgrad"):
         ScheduleConfig(kind="delayed", switch=20, stopgrad_scope="recurrent")
-    with pytest.raises(ProbeError, match="stopgrad_scope must be one of all, recurrent, nonrecurrent"):
+    with pytest.raises(ProbeError, match="stopgrad_scope must be one of all, recurrent, nonrecurrent or recurrent:N"):
         ScheduleConfig(kind="stopgrad", stopgrad_scope="lstm")
     with pytest.raises(ProbeError, match="after the last step"):
         Schedule(ScheduleConfig(kind="delayed", switch=2000), total_steps=50)

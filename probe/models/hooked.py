@@ -249,10 +249,11 @@ class HookedSequenceModel(HookedRootModule):
         for block in self.attention_blocks:
             block.attn_stopgrad = bool(value)
 
-    def recurrent_parameters(self) -> list[nn.Parameter]:
+    def recurrent_parameters(self, block: int | None = None) -> list[nn.Parameter]:
         """Parameters of the recurrent sublayers (the LSTMs and their pre-LN): what ``freeze_recurrent_after_switch``
-        holds fixed."""
-        return [p for b in self.blocks if hasattr(b, "lstm") for m in (b.lstm, b.ln_lstm) for p in m.parameters()]
+        holds fixed; with ``block``, that block's only (none if it has no LSTM)."""
+        blocks = self.blocks if block is None else [self.blocks[block]]
+        return [p for b in blocks if hasattr(b, "lstm") for m in (b.lstm, b.ln_lstm) for p in m.parameters()]
 
     @property
     def lstm_layers(self) -> list[HookedLSTM]:
