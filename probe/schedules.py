@@ -151,7 +151,8 @@ class Schedule:
         return self.stopgrad(step) and self.cfg.stopgrad_scope == "all"
 
     def stopgrad_split(self, step: int) -> str | None:
-        """The split scope (``recurrent`` or ``nonrecurrent``: two backward passes) in force at ``step``, else None."""
+        """The split scope (``recurrent``, ``recurrent:N`` or ``nonrecurrent``: two backward passes) in force at
+        ``step``, else None."""
         return self.cfg.stopgrad_scope if self.stopgrad(step) and self.cfg.stopgrad_scope != "all" else None
 
     def recurrent_trains(self, step: int) -> bool:

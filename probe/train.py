@@ -294,8 +294,7 @@ class Trainer:
         scope, block = split_scope(scope)
         if scope == "recurrent":
             return self.model.recurrent_parameters(block)
-        recurrent = self.model.recurrent_parameters()
-        rec = {id(p) for p in recurrent}
+        rec = {id(p) for p in self.model.recurrent_parameters()}
         return [p for p in self.model.parameters() if id(p) not in rec]
 
     def _grads_without_attention(self, batch: Batch, step: int, params: list[nn.Parameter]) -> list[Tensor | None]:
