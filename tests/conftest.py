@@ -7,11 +7,17 @@ import tempfile
 
 import pytest
 import torch
+from hypothesis import settings
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("MPLCONFIGDIR", tempfile.mkdtemp(prefix="mpl-"))
 os.environ.setdefault("IPYTHONDIR", tempfile.mkdtemp(prefix="ipy-"))
 torch.set_num_threads(1)
+
+# No example database: hypothesis would otherwise write .hypothesis/ into the working tree; every property test is
+# derandomized so that a failure reproduces from the test alone.
+settings.register_profile("probe", database=None, derandomize=True)
+settings.load_profile("probe")
 
 from probe.models import HookedSequenceModel, ModelConfig  # noqa: E402
 from probe.tasks import make_task  # noqa: E402
