@@ -1,4 +1,4 @@
-"""Time ``probe.gradients`` on one checkpoint with the default settings on one CPU thread (target: <= 30 s).
+"""Time ``probe.gradients`` on one checkpoint with the default settings on one CPU thread (budget: <= 30 s).
 
 Usage: ``python benchmarks/gradients_speed.py [ckpt.pt]``. Without an argument it uses ``checkpoints/hybrid-joint.pt``
 if shipped, else a randomly initialised model of the ``hybrid-joint`` preset's size (same cost).
@@ -15,6 +15,8 @@ import torch
 
 from probe import gradients as G
 from probe.checkpoint import checkpoint_from_model, load_checkpoint, save_checkpoint
+from probe.core.batches import analysis_batch
+from probe.core.lengths import multiples
 from probe.gradients import controls as C
 from probe.models import HookedSequenceModel
 from probe.train import build_configs
@@ -42,22 +44,23 @@ def main(argv: list[str]) -> int:
         ckpt = load_checkpoint(path)
         model = ckpt.build_model()
         phases: dict[str, float] = {}
-        for length in G.default_lengths(ckpt.task_config):
+        for length in multiples(ckpt.task_config.train_length, G.DEFAULT_FACTORS):
             t = time.perf_counter()
-            G.interference(model, G.analysis_batch(ckpt.task_config, length, 64, 0))
+            G.interference(model, analysis_batch(ckpt.task_config, length, 64, 0))
             phases[f"interference L={length}"] = time.perf_counter() - t
         t = time.perf_counter()
         G.measure_lookahead(model, ckpt.task_config)
         phases["lookahead"] = time.perf_counter() - t
         t = time.perf_counter()
-        C.route_disagreement(model, G.analysis_batch(ckpt.task_config, ckpt.task_config.train_length, 16, 0))
+        C.route_disagreement(model, analysis_batch(ckpt.task_config, ckpt.task_config.train_length, 16, 0))
         C.builtin_controls()
         phases["controls"] = time.perf_counter() - t
 
     cfg = ckpt.model_config
     print(f"checkpoint: {path} ({cfg.family}, d_model {cfg.d_model}, {cfg.n_layers} blocks), torch threads: "
           f"{torch.get_num_threads()}")
-    print(f"default analysis (batch 64, lengths {G.default_lengths(ckpt.task_config)}, lookahead over "
+    lengths = multiples(ckpt.task_config.train_length, G.DEFAULT_FACTORS)
+    print(f"default analysis (batch 64, lengths {lengths}, lookahead over "
           f"{G.LookaheadConfig.n_batches} batches): {total:.2f} s; budget {BUDGET_S:.0f} s: "
           f"{'ok' if total <= BUDGET_S else 'OVER'}")
     for name, secs in phases.items():

@@ -1,4 +1,4 @@
-"""Time the default ``python -m probe.probes`` run on one checkpoint, on one core (target: under 60 s).
+"""Time the default ``python -m probe.probes`` run on one checkpoint, on one core (budget: under 60 s).
 
 Usage: ``python benchmarks/probes_speed.py [ckpt.pt]`` (default: checkpoints/hybrid-dat.pt, else
 runs/hybrid-dat/seed0/final.pt, else a randomly initialised model of the hybrid-dat preset: the cost does not
@@ -72,7 +72,7 @@ def main(argv: list[str]) -> None:
         # free core would take.
         verdict = "within" if min(w, cpu) <= 60 else "OVER"
         print(f"default CLI run end to end (imports, probes, interventions, 3 figures, JSON): wall {w:5.1f} s  "
-              f"cpu {cpu:5.1f} s ({verdict} the 60 s target; load average {os.getloadavg()[0]:.1f})")
+              f"cpu {cpu:5.1f} s ({verdict} the 60 s budget; load average {os.getloadavg()[0]:.1f})")
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ sys.path.insert(0, str(ROOT))
 from probe import shortcuts as sc  # noqa: E402
 from probe.attention import entropy_vs_length, head_diagnostics  # noqa: E402
 from probe.checkpoint import load_checkpoint  # noqa: E402
-from probe.shortcuts.common import baselines, default_lengths  # noqa: E402
+from probe.core.lengths import multiples  # noqa: E402
 from probe.shortcuts.runs import DEFAULT_RUNS  # noqa: E402
+from probe.shortcuts.sampling import DEFAULT_FACTORS, baselines  # noqa: E402
 
 
 def timed(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
@@ -42,7 +43,7 @@ def bench(path: Path, device: str, repeats: int) -> None:
     model = ckpt.build_model(device)
     task = ckpt.task_config
     lt = task.train_length
-    lengths = default_lengths(task)
+    lengths = multiples(task.train_length, DEFAULT_FACTORS)
     print(f"checkpoint {path} ({ckpt.label}, {model.cfg.family}, pos {model.cfg.pos_encoding}), device {device}, "
           f"{torch.get_num_threads()} thread(s), median of {repeats}")
     base = baselines(model, task, sorted({*lengths, lt, *(lt + r for r in DEFAULT_RUNS)}), 256, 0)

@@ -11,6 +11,7 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
+from probe.core.seeds import ATTENTION
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
 from probe.tasks import Batch, TaskConfig
@@ -18,7 +19,7 @@ from probe.tasks import Batch, TaskConfig
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-ATTENTION_SEED_BASE = 8_100_000_000
+ATTENTION_SEED_BASE = ATTENTION
 """Batches for attention diagnostics come from seeds away from training and evaluation seeds."""
 
 

@@ -1,32 +1,172 @@
-"""What every CLI shares: common flags, device choice, the JSON envelope (SPEC section 9) and exit code 2 on
-user errors, printed as one line."""
+"""What every CLI shares: one flag per idea, argparse types, device choice, the JSON envelope, one ``--out`` layout,
+and exit code 2 with one line on any user error.
+
+Shared flags (each analysis adds the ones that apply): ``--lengths`` (one grammar: ``25,75``, ``1:100``,
+``1:400:25``), ``--samples`` (sequences per length), ``--threads``, ``--out DIR`` (``DIR/results.json`` plus the
+figures), ``--json``, ``--device``, ``--seed``. Heavy packages (torch, transformer_lens, pandas) are imported only
+inside the functions that need them, so that ``--help`` and a bad argument answer at once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
 import sys
-from collections.abc import Callable
-from typing import Any
-
-import torch
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from probe import __version__
+from probe.core.lengths import GRAMMAR, parse_lengths
 from probe.errors import ProbeError
 
+if TYPE_CHECKING:
+    import torch
 
-def add_common_args(parser: argparse.ArgumentParser, json_flag: bool = True) -> None:
+RESULTS = "results.json"
+"""The file name of the JSON envelope inside every ``--out`` directory."""
+
+EXIT_USAGE = 2
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr and exit code 2 (argparse's own print the usage
+    first, which pushes the reason off a narrow terminal)."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"error: {self.prog}: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(EXIT_USAGE)
+
+
+def make_parser(prog: str, description: str, epilog: str | None = None) -> Parser:
+    """The parser of one ``python -m probe.NAME`` command."""
+    return Parser(prog=prog, description=description, epilog=epilog,
+                  formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+# --- argparse types: every CLI checks positivity here, before any work ----------------------------------------------
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} must be 0 or a positive integer")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} must be a positive number")
+    return value
+
+
+def lengths_arg(text: str) -> list[int]:
+    """``--lengths`` as a list of positive ints (the grammar of ``probe.core.lengths``)."""
+    try:
+        return parse_lengths(text)
+    except ProbeError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def int_list(minimum: int = 0) -> Callable[[str], list[int]]:
+    """A type for a comma list of integers >= ``minimum`` (spans, offsets, run lengths)."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            out = [int(p) for p in text.split(",") if p.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: use a comma list of integers such as 1,5,12") from None
+        if not out or min(out) < minimum:
+            raise argparse.ArgumentTypeError(f"{text!r}: use integers >= {minimum}")
+        return out
+
+    return parse
+
+
+# --- shared flags -----------------------------------------------------------------------------------------------
+def add_checkpoints(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoints", nargs="+", help="checkpoint files, run or trajectory directories, or globs")
+
+
+def add_lengths(parser: argparse.ArgumentParser, default_help: str, aliases: Sequence[str] = ()) -> None:
+    """``--lengths`` (and hidden old spellings that README, docs or scripts once used)."""
+    parser.add_argument("--lengths", type=lengths_arg, default=None, metavar="LENGTHS",
+                        help=f"stream lengths: {GRAMMAR} (default: {default_help})")
+    for alias in aliases:
+        parser.add_argument(alias, dest="lengths", type=lengths_arg, help=argparse.SUPPRESS)
+
+
+def add_samples(parser: argparse.ArgumentParser, default: int, what: str = "sequences per length",
+                aliases: Sequence[str] = ()) -> None:
+    """``--samples``: how many sequences, per length (hidden old spellings in ``aliases``)."""
+    parser.add_argument("--samples", type=positive_int, default=default, metavar="N",
+                        help=f"{what} (default {default})")
+    for alias in aliases:
+        parser.add_argument(alias, dest="samples", type=positive_int, help=argparse.SUPPRESS)
+
+
+def add_threads(parser: argparse.ArgumentParser, default: int = 0) -> None:
+    shown = "torch's default" if default == 0 else str(default)
+    parser.add_argument("--threads", type=nonnegative_int, default=default, metavar="N",
+                        help=f"CPU threads for torch (0 = torch's default; default: {shown})")
+
+
+def add_common_args(parser: argparse.ArgumentParser, json_flag: bool = True, out_help: str | None = None) -> None:
+    """``--json``, ``--out``, ``--device`` and ``--seed``."""
     if json_flag:
         parser.add_argument("--json", action="store_true",
                             help="print exactly one JSON object on stdout (human text is suppressed)")
-    parser.add_argument("--out", default=None, help="directory for figures and results (nothing written if omitted)")
+    parser.add_argument("--out", default=None, metavar="DIR",
+                        help=out_help or f"directory for {RESULTS} (the --json object) and the figures "
+                                         "(nothing written if omitted)")
     parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available)")
     parser.add_argument("--seed", type=int, default=0, help="seed for every random draw (default 0)")
 
 
+def add_stored_gate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--stored-gate", action="store_true",
+                        help="use the gate stored in the checkpoint, not the schedule's gate at its step")
+
+
+def add_threads_and_gate_args(parser: argparse.ArgumentParser) -> None:
+    """``--threads`` (default 1: these small models run fastest on one) and ``--stored-gate``."""
+    add_threads(parser, default=1)
+    add_stored_gate(parser)
+
+
+def seed_and_threads(args: argparse.Namespace) -> None:
+    """Seed torch with ``--seed`` and set ``--threads`` (0 keeps torch's default)."""
+    import torch
+
+    torch.manual_seed(args.seed)
+    if getattr(args, "threads", 0) > 0:
+        torch.set_num_threads(args.threads)
+
+
 def resolve_device(name: str) -> torch.device:
+    import torch
+
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -38,6 +178,30 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+# --- checks that cost nothing, before any import of the models ----------------------------------------------------
+def check_paths(specs: Sequence[str]) -> None:
+    """A path that does not exist, or a pattern that matches nothing: one line, before any heavy import."""
+    for spec in specs:
+        if any(ch in spec for ch in "*?["):
+            if not glob.glob(spec):
+                raise ProbeError(f"{spec}: pattern matches no file")
+        elif not os.path.exists(spec):
+            raise ProbeError(f"{spec}: no such file or directory")
+
+
+def check_out(out: str | os.PathLike | None) -> None:
+    """``--out`` must be a directory or not exist yet (it is then created)."""
+    if out is None:
+        return
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise ProbeError(f"--out {out}: a file is in the way; --out names a directory")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise ProbeError(f"--out {out}: {parent} is a file, not a directory")
+
+
+# --- the JSON envelope ------------------------------------------------------------------------------------------
 def _clean(value: Any) -> Any:
     """JSON has no NaN: write it as null."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -53,6 +217,8 @@ def tidy(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def envelope(command: str, checkpoints: list[str], results: list[dict[str, Any]],
              controls: list[dict[str, Any]] | None = None, **extra: Any) -> dict[str, Any]:
+    """``{probe_version, command, checkpoints, results, controls}``: flat rows, so that
+    ``pandas.DataFrame(obj["results"])`` is the natural next line."""
     return {"probe_version": __version__, "command": command, "checkpoints": checkpoints,
             "results": tidy(results), "controls": tidy(controls or []), **extra}
 
@@ -65,14 +231,21 @@ def say(args: argparse.Namespace, *text: Any) -> None:
 
 def run_cli(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], dict[str, Any]],
             argv: list[str] | None = None, emits_json: bool = True) -> int:
-    """Parse, run ``body``, print its JSON envelope under --json; a ProbeError becomes one line and exit code 2."""
-    args = parser.parse_args(argv)
+    """Parse, check the paths and ``--out``, run ``body``, print its JSON envelope under --json; a ProbeError
+    becomes one line and exit code 2."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help (0) or a bad argument (2, already said in one line)
+        return int(e.code or 0)
     os.environ.setdefault("MPLBACKEND", "Agg")
     try:
+        specs = getattr(args, "checkpoints", None)
+        check_paths(specs if isinstance(specs, list) else [])  # a positional list; figures' is one directory
+        check_out(getattr(args, "out", None))
         result = body(args)
     except ProbeError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
@@ -81,32 +254,16 @@ def run_cli(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace]
     return 0
 
 
-def write_outputs(out: str | os.PathLike, result: dict[str, Any], figures: dict[str, Any], dpi: int = 120) -> None:
-    """An analysis's ``--out``: ``results.json`` (the envelope) and each named figure, closed after saving."""
-    from pathlib import Path
-
+def write_outputs(out: str | os.PathLike, result: dict[str, Any], figures: dict[str, Any], dpi: int = 120) -> Path:
+    """The ``--out`` layout of every analysis: ``OUT/results.json`` (the envelope) and each named figure (closed
+    after saving). Returns the path of ``results.json``."""
     import matplotlib.pyplot as plt
 
     out = Path(out)
+    check_out(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=1))
+    (out / RESULTS).write_text(json.dumps(result))
     for name, fig in figures.items():
         fig.savefig(out / name, dpi=dpi)
         plt.close(fig)
-
-
-def add_threads_and_gate_args(parser: argparse.ArgumentParser) -> None:
-    """``--threads`` and ``--stored-gate``, shared by the gradient-based analyses."""
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads for torch (default 1: these small models run fastest on one; 0 = torch's "
-                             "default)")
-    parser.add_argument("--stored-gate", action="store_true",
-                        help="use the gate stored in the checkpoint, not the schedule's gate at its step")
-
-
-def seed_and_threads(args: argparse.Namespace) -> None:
-    """Seed torch with ``--seed`` and set ``--threads`` (0 keeps torch's default)."""
-    torch.manual_seed(args.seed)
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-
+    return out / RESULTS

@@ -1,4 +1,4 @@
-"""Accuracy-vs-length curves per subtask, sequence accuracy, and the length-generalization score (SPEC section 7).
+"""Accuracy-vs-length curves per subtask, sequence accuracy, and the length-generalization score.
 
 Usage: ``python -m probe.evaluate ckpt.pt [more.pt ...] [--lengths 1:100] [--json] [--out DIR]``.
 """
@@ -6,7 +6,6 @@ Usage: ``python -m probe.evaluate ckpt.pt [more.pt ...] [--lengths 1:100] [--jso
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from collections.abc import Iterable, Sequence
@@ -16,17 +15,40 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from probe.checkpoint import load_checkpoint, resolve_checkpoints
-from probe.cli import add_common_args, envelope, resolve_device, run_cli, say
+from probe.cli import (
+    add_checkpoints,
+    add_common_args,
+    add_lengths,
+    add_samples,
+    add_threads,
+    envelope,
+    make_parser,
+    positive_int,
+    resolve_device,
+    run_cli,
+    say,
+    seed_and_threads,
+    write_outputs,
+)
+from probe.core.chance import chance
+from probe.core.lengths import multiples, parse_lengths, up_to
+from probe.core.meta import variant_name
+from probe.core.progress import progress_iter
+from probe.core.rows import CONTROL, check_row
+from probe.core.seeds import EVALUATE
 from probe.errors import ProbeError
-from probe.memory import fit_batch_size
-from probe.models import HookedSequenceModel, ModelConfig
+from probe.memory import check_lengths, fit_batch_size
 from probe.tasks import SUBTASKS, TaskConfig
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-EVAL_SEED_BASE = 7_000_000_000
+    from probe.models import HookedSequenceModel
+
+__all__ = ["accuracy_at_length", "check_lengths", "eval_seed", "evaluate_checkpoints", "lengthgen_score",
+           "length_curve", "main", "multiples", "parse_lengths", "plot_length_curves", "scores", "summary_table"]
+
+EVAL_SEED_BASE = EVALUATE
 """Evaluation batches come from seeds far from the training seeds (which are ``seed * 1_000_003 + step``)."""
 
 
@@ -88,14 +110,9 @@ def length_curve(
     which not even one sequence fits raises ``ProbeError`` before anything runs."""
     lengths = list(lengths)
     device = next(model.parameters()).device
-    check_lengths(model.cfg, task, lengths, device)
+    check_lengths(model.cfg, task, lengths, device)  # before any work
     rows: list[dict[str, Any]] = []
-    it: Iterable[int] = lengths
-    if progress:
-        from tqdm import tqdm
-
-        it = tqdm(lengths, desc=desc, leave=False, file=sys.stderr)
-    for length in it:
+    for length in progress_iter(lengths, desc, progress):
         fits = fit_batch_size(model.cfg, length, batch_size, device, prefix=task.prefix_len)
         for subtask, acc in accuracy_at_length(model, task, length, n_samples, batch_size, seed,
                                                forward_batch=fits).items():
@@ -103,49 +120,10 @@ def length_curve(
     return pd.DataFrame(rows)
 
 
-def check_lengths(cfg: ModelConfig, task: TaskConfig, lengths: Sequence[int], device: torch.device | str) -> None:
-    """Refuse, before any work, a length the model cannot take: beyond a learned position table, or so long that
-    one sequence's forward pass would not fit in memory."""
-    if not lengths:
-        raise ProbeError("no lengths to evaluate")
-    longest = max(lengths)
-    if cfg.pos_encoding == "learned" and task.prefix_len + longest > cfg.max_len:
-        raise ProbeError(f"length {longest} needs {task.prefix_len + longest} positions, beyond the model's learned "
-                         f"table of {cfg.max_len}: use lengths up to {cfg.max_len - task.prefix_len}")
-    fit_batch_size(cfg, longest, 1, device, prefix=task.prefix_len)
-
-
 def lengthgen_score(curve: pd.DataFrame, train_length: int, factor: int = 3) -> dict[str, float]:
     """Mean token accuracy over lengths in (L_train, factor * L_train] per subtask (Delétang et al.'s protocol)."""
     beyond = curve[(curve.length > train_length) & (curve.length <= factor * train_length)]
     return {s: float(g.token_acc.mean()) for s, g in beyond.groupby("subtask")}
-
-
-def parse_lengths(spec: str) -> list[int]:
-    """``"1:100"`` (inclusive), ``"1:100:5"`` or ``"25,50,75"``."""
-    usage = "use START:STOP[:STEP] such as 1:100, or a comma list such as 25,50,75"
-    if not spec.strip():
-        raise ProbeError(f"empty --lengths: {usage}")
-    try:
-        if ":" in spec:
-            parts = [int(p) for p in spec.split(":")]
-            if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] < 1):
-                raise ValueError
-            start, stop, step = parts[0], parts[1], parts[2] if len(parts) == 3 else 1
-            out = list(range(start, stop + 1, step))
-            if not out:
-                raise ProbeError(f"bad --lengths {spec!r}: an empty range (START is after STOP)")
-        else:
-            out = [int(p) for p in spec.split(",") if p.strip()]
-    except ValueError:
-        raise ProbeError(f"bad --lengths {spec!r}: {usage}") from None
-    if not out or min(out) < 1:
-        raise ProbeError(f"bad --lengths {spec!r}: lengths must be positive integers")
-    return out
-
-
-def multiples(train_length: int, factors: Sequence[int] = (1, 2, 3, 4)) -> list[int]:
-    return [f * train_length for f in factors]
 
 
 # --- results over checkpoints ------------------------------------------------------------------------------
@@ -159,20 +137,19 @@ def evaluate_checkpoints(paths: Sequence[str | Path], lengths: Sequence[int] | N
     if n_samples < 1 or batch_size < 1:
         raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
     # every file and every length is checked before any evaluation runs, so a bad one costs no time
+    from probe.checkpoint import load_checkpoint
+
     ckpts = [load_checkpoint(path) for path in paths]
-    plans = [list(lengths) if lengths else list(range(1, 4 * c.task_config.train_length + 1)) for c in ckpts]
+    plans = [list(lengths) if lengths else up_to(c.task_config.train_length) for c in ckpts]
     for ckpt, lens in zip(ckpts, plans, strict=True):
-        try:
-            check_lengths(ckpt.model_config, ckpt.task_config, lens, device)
-        except ProbeError as e:
-            raise ProbeError(f"{ckpt.path or ckpt.name}: {e}") from None
+        check_lengths(ckpt.model_config, ckpt.task_config, lens, device, name=str(ckpt.path or ckpt.name))
     frames = []
     for path, ckpt, lens in zip(paths, ckpts, plans, strict=True):
         model = ckpt.build_model(device)
         curve = length_curve(model, ckpt.task_config, lens, n_samples, batch_size, seed, progress,
-                             desc=f"{ckpt.label} ({ckpt.name})")
+                             desc=f"{variant_name(ckpt)} ({ckpt.name})")
         curve.insert(0, "checkpoint", str(path))
-        curve.insert(1, "label", ckpt.label)
+        curve.insert(1, "label", variant_name(ckpt))
         curve.insert(2, "seed", ckpt.seed)
         curve["train_length"] = ckpt.task_config.train_length
         # how it was trained, so that a table mixing precisions says so (older checkpoints: fp32, default AdamW)
@@ -193,11 +170,19 @@ def scores(curves: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+SHOWN_LENGTHS = 8
+"""Evaluated lengths that are not multiples of L_train get a column of their own when there are at most this many."""
+
+
 def summary_table(curves: pd.DataFrame, factors: Sequence[int] = (1, 2, 3, 4)) -> pd.DataFrame:
     """Mean ± standard deviation over seeds of token accuracy (percent), per label and subtask: averaged over the
-    in-distribution lengths (``1..1x``, the lengths evaluated up to L_train), at k x L_train, and the
-    length-generalization score."""
+    in-distribution lengths (``1..1x``, the lengths evaluated up to L_train), at k x L_train, at each other
+    evaluated length when there are few (``L=30``), and the length-generalization score (where a length in
+    (L_train, 3 L_train] was evaluated)."""
     rows = []
+    multiple = curves.length % curves.train_length == 0
+    others = sorted(set(curves.length[~multiple].astype(int)))
+    shown = others if len(others) <= SHOWN_LENGTHS else []
     for (label, subtask), g in curves.groupby(["label", "subtask"]):
         row: dict[str, Any] = {"label": label, "subtask": subtask, "seeds": g.seed.nunique()}
         inside = g[g.length <= g.train_length].groupby("seed").token_acc.mean()
@@ -207,8 +192,12 @@ def summary_table(curves: pd.DataFrame, factors: Sequence[int] = (1, 2, 3, 4)) -
             at = g[g.length == f * g.train_length]
             if len(at):
                 row[f"{f}x"] = f"{100 * at.token_acc.mean():.1f} ± {100 * at.token_acc.std(ddof=0):.1f}"
+        for length in shown:
+            at = g[g.length == length]
+            if len(at):
+                row[f"L={length}"] = f"{100 * at.token_acc.mean():.1f} ± {100 * at.token_acc.std(ddof=0):.1f}"
         sc = scores(g)
-        if len(sc):
+        if len(sc) and sc.lengthgen_score.notna().any():
             row["score"] = f"{100 * sc.lengthgen_score.mean():.1f}"
         rows.append(row)
     return pd.DataFrame(rows)
@@ -248,9 +237,18 @@ def evaluation_envelope(curves: pd.DataFrame, paths: Sequence[str | Path]) -> di
     rows += [{"checkpoint": r.checkpoint, "label": r.label, "seed": r.seed, "length": None,
               "subtask": r.subtask, "metric": "lengthgen_score", "token_acc": r.lengthgen_score,
               "seq_acc": None} for r in scores(curves).itertuples()]
+    from probe.checkpoint import load_checkpoint
+
     task = load_checkpoint(paths[0]).task_config
-    controls = [{"control": "chance", "subtask": "state", "token_acc": 1 / task.m},
-                {"control": "chance", "subtask": "recall", "token_acc": 1 / task.n_values}]
+    inside = curves[curves.length <= curves.train_length]
+    controls = []
+    for subtask in ("state", "recall"):
+        level = chance(task, subtask)
+        accs = inside[inside.subtask == subtask].groupby("checkpoint").token_acc.mean().dropna()
+        # the baseline a claim of learning must beat: every checkpoint above chance in the training range
+        controls.append(check_row("chance", CONTROL, bool(len(accs)) and bool((accs > level).all()),
+                                  subtask=subtask, token_acc=level, worst_in_range=float(accs.min()) if len(accs)
+                                  else math.nan))
     return envelope("evaluate", [str(p) for p in paths], rows, controls)
 
 
@@ -259,29 +257,33 @@ _HELP_JSON = """JSON (--json): results rows {checkpoint, label, seed, length, su
 seq_acc, n_tokens, train_length, precision, optimizer_impl (how the checkpoint was trained)}, plus one row per
 checkpoint and subtask with length null, metric "lengthgen_score" and its value in token_acc (mean token accuracy
 over lengths in (L_train, 3 L_train]); controls rows {control: "chance", subtask,
-token_acc}: the accuracy of guessing uniformly."""
+token_acc, kind "control", passed, worst_in_range}: the accuracy of guessing uniformly (state 1/m, recall
+1/n_values); passed when every checkpoint's mean token accuracy over lengths <= L_train beats it."""
 
 
 def _note(text: str) -> None:
     print(text, file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probe.evaluate", description=__doc__.split("\n\n")[0],
-                                     epilog=_HELP_JSON)
-    parser.add_argument("checkpoints", nargs="+", help="checkpoint files, directories of *.pt, or globs")
-    parser.add_argument("--lengths", default=None, help="START:STOP[:STEP] or a comma list (default 1:4xL_train)")
-    parser.add_argument("--samples", type=int, default=256, help="sequences per length (default 256)")
-    parser.add_argument("--batch-size", type=int, default=256, help="sub-batch size, bounds memory (default 256)")
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser("python -m probe.evaluate", __doc__.split("\n\n")[0], _HELP_JSON)
+    add_checkpoints(parser)
+    add_lengths(parser, "1:4xL_train, every length")
+    add_samples(parser, 256)
+    parser.add_argument("--batch-size", type=positive_int, default=256, help="sub-batch size, bounds memory "
+                                                                             "(default 256)")
+    add_threads(parser)
     add_common_args(parser)
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
     def body(args: argparse.Namespace) -> dict[str, Any]:
-        for flag, value in (("--samples", args.samples), ("--batch-size", args.batch_size)):
-            if value < 1:  # 0 samples gave "nan ± nan" and exit code 0
-                raise ProbeError(f"{flag} {value}: must be at least 1 (default 256)")
+        from probe.checkpoint import resolve_checkpoints
+
+        seed_and_threads(args)
         paths = resolve_checkpoints(args.checkpoints, note=None if args.json else _note)
-        lengths = parse_lengths(args.lengths) if args.lengths is not None else None
-        curves = evaluate_checkpoints(paths, lengths, args.samples, args.batch_size, args.seed,
+        curves = evaluate_checkpoints(paths, args.lengths, args.samples, args.batch_size, args.seed,
                                       resolve_device(args.device), progress=not args.json)
         trained = curves.drop_duplicates("checkpoint")
         for r in trained.itertuples():
@@ -290,14 +292,11 @@ def main(argv: list[str] | None = None) -> int:
         say(args, summary_table(curves).to_string(index=False))
         result = evaluation_envelope(curves, paths)
         if args.out:
-            out = Path(args.out)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "evaluate.json").write_text(json.dumps(result, indent=1))
-            plot_length_curves(curves).savefig(out / "accuracy_vs_length.png", dpi=150)
-            say(args, f"wrote {out / 'evaluate.json'} and {out / 'accuracy_vs_length.png'}")
+            write_outputs(args.out, result, {"accuracy_vs_length.png": plot_length_curves(curves)}, dpi=150)
+            say(args, f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'accuracy_vs_length.png'}")
         return result
 
-    return run_cli(parser, body, argv)
+    return run_cli(build_parser(), body, argv)
 
 
 if __name__ == "__main__":

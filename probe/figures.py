@@ -20,8 +20,15 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from probe.checkpoint import load_checkpoint
-from probe.cli import resolve_device, run_cli
+from probe.cli import (
+    add_common_args,
+    add_threads,
+    envelope,
+    make_parser,
+    resolve_device,
+    run_cli,
+    seed_and_threads,
+)
 from probe.errors import ProbeError
 
 if TYPE_CHECKING:
@@ -42,6 +49,17 @@ class Inputs:
         if missing:
             raise ProbeError(f"missing shipped checkpoint(s): {', '.join(map(str, missing))} "
                              "(run python scripts/reproduce.py && python scripts/ship.py, or pass --retrain)")
+        if not results.is_dir():
+            raise ProbeError(f"--results {results}: no such directory (it holds evaluate.json and the analyses' "
+                             "JSON; pass an empty directory to recompute everything)")
+
+    def validate(self) -> None:
+        """Read every checkpoint the figures use, so that a damaged file fails in one line before any figure is
+        drawn (not after minutes of analyses and with some figures written)."""
+        from probe.checkpoint import load_checkpoint, resolve_checkpoints
+
+        for path in resolve_checkpoints([str(p) for p in self.finals + self.trajectories]):
+            load_checkpoint(path)
 
     @property
     def finals(self) -> list[Path]:
@@ -56,9 +74,17 @@ class Inputs:
 
     @cached_property
     def curves(self) -> pd.DataFrame:
-        """All seeds from ``results/evaluate.json`` (written by scripts/ship.py); else the shipped seed-0 files."""
-        path = self.results / "evaluate.json"
-        if path.exists():
+        """All seeds of the reproduction grid (``results/reproduction/``, written by scripts/ship.py; an older
+        ``evaluate.json`` envelope is read too); else the shipped seed-0 checkpoints, evaluated here."""
+        grid = self.results / "reproduction"
+        if (grid / "runs.jsonl").is_file():
+            from probe.results import load_curves
+
+            return load_curves(grid)
+        # an envelope of ``python -m probe.evaluate --json``, as shipped before the compact grid
+        path = next((p for p in (self.results / "evaluate.json", self.results / "evaluate" / "results.json")
+                     if p.exists()), None)
+        if path is not None:
             df = pd.DataFrame(json.loads(path.read_text())["results"])
             return df[df.length.notna()].astype({"length": int}).assign(train_length=25)
         from probe.evaluate import evaluate_checkpoints
@@ -96,6 +122,7 @@ class Inputs:
 
     @cached_property
     def probes(self) -> list[Any]:
+        from probe.checkpoint import load_checkpoint
         from probe.probes import run_probes
 
         kw = dict(n_train=40, n_train_beyond=16, n_test=8, n_patch=8) if self.quick else {}
@@ -191,7 +218,7 @@ FIGURES: list[FigureSpec] = [
                "Token accuracy vs stream length for the four presets on the interleaved task, per subtask (state "
                "tracking, recall). Line: mean over seeds; band: min-max over seeds; shaded: training lengths 1-25.",
                "python scripts/ship.py (python -m probe.evaluate runs/*/seed*/final.pt --lengths 1:100)",
-               "results/evaluate.json (all seeds)", _accuracy),
+               "results/reproduction/ (all seeds)", _accuracy),
     FigureSpec("gradient_interference",
                "Gradient interference over training, joint vs DAT (the shipped trajectories): |g_att|/|g| and "
                "the cosines of the attention-path gradient on the LSTM weights with the recurrent-path gradient of "
@@ -281,30 +308,56 @@ def _recorded_seconds(index: Path) -> dict[str, float]:
     return {Path(m["file"]).stem: float(m["secs"]) for m in found if m and m["secs"] != "—"}
 
 
-def write_index(out: Path, made: dict[str, float], seed: int) -> None:
+def _row(out: Path, spec: FigureSpec, secs: float | None) -> str | None:
+    files = [f"{spec.name}.{fmt}" for fmt in _FORMATS if (out / f"{spec.name}.{fmt}").exists()]
+    if not files:
+        return None
+    links = ", ".join(f"[{f}]({f})" for f in files)
+    caption = spec.caption.replace("|", "\\|")  # |g_att| would split the table cell
+    shown = "—" if secs is None else f"{secs:.0f}"
+    return f"| {links} | {caption} | `{spec.command}` | `{spec.inputs}` | {shown} |"
+
+
+def write_index(out: Path, made: dict[str, float], seed: int, only: bool = False) -> bool:
     """``out/README.md``: one captioned row for every figure present in ``out``, in the order of ``FIGURES``, with
-    the seconds it took (this run's for those in ``made``, the earlier index's for the others)."""
-    before = _recorded_seconds(out / "README.md")
+    the seconds it took (this run's for those in ``made``, the earlier index's for the others).
+
+    With ``only`` (``--only NAME``) an existing index keeps every line it has, so that remaking a figure does not
+    change a committed file: only a figure it does not list yet gets a row. Returns whether the file changed."""
+    index = out / "README.md"
+    if only and index.exists():
+        lines = index.read_text().splitlines()
+        found = {m["file"].split(".")[0]: n for n, line in enumerate(lines) if (m := _INDEX_ROW.match(line))}
+        missing = [s for s in FIGURES if s.name in made and s.name not in found]
+        if not missing:
+            return False
+        block = [lines[found[s.name]] if s.name in found else _row(out, s, made.get(s.name)) for s in FIGURES
+                 if s.name in found or s in missing]
+        rows_at = sorted(found.values())
+        start, stop = (rows_at[0], rows_at[-1] + 1) if rows_at else (len(lines), len(lines))
+        lines[start:stop] = [r for r in block if r is not None]
+        index.write_text("\n".join(lines) + "\n")
+        return True
+    before = _recorded_seconds(index)
     rows, total = [], 0.0
     for spec in FIGURES:
-        files = [f"{spec.name}.{fmt}" for fmt in _FORMATS if (out / f"{spec.name}.{fmt}").exists()]
-        if not files:
-            continue
         secs = made.get(spec.name, before.get(spec.name))
+        row = _row(out, spec, secs)
+        if row is None:
+            continue
         total += secs or 0.0
-        links = ", ".join(f"[{f}]({f})" for f in files)
-        caption = spec.caption.replace("|", "\\|")  # |g_att| would split the table cell
-        shown = "—" if secs is None else f"{secs:.0f}"
-        rows.append(f"| {links} | {caption} | `{spec.command}` | `{spec.inputs}` | {shown} |")
+        rows.append(row)
     shown_out = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out.name
     lines = ["# Figures", "",
              f"Made by `python -m probe.figures --out {shown_out}` (analysis seed {seed}) from the shipped checkpoints "
              f"in `checkpoints/` (the joint hybrid: the median of five seeds; the others: seed 0) and "
-             f"`results/evaluate.json` (all trained seeds); the figures "
-             f"below took {total:.0f} s on one CPU core (`--only NAME` remakes one and keeps the other rows). Each "
-             "row says which command computes the same numbers.", "",
+             f"`results/reproduction/` (all trained seeds); the figures "
+             f"below took {total:.0f} s on one CPU core (`--only NAME` remakes one and leaves this index as it is, "
+             "adding a row only for a figure it does not list). Each row says which command computes the same "
+             "numbers.", "",
              "| file | caption | same numbers from | inputs | seconds |", "|---|---|---|---|---|", *rows]
-    (out / "README.md").write_text("\n".join(lines) + "\n")
+    index.write_text("\n".join(lines) + "\n")
+    return True
 
 
 def _without_local_paths(fig: Figure, roots: list[Path]) -> None:
@@ -322,22 +375,28 @@ def _without_local_paths(fig: Figure, roots: list[Path]) -> None:
             text.set_text(s)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probe.figures", description=__doc__.split("\n\n")[0],
-                                     epilog="figures: " + ", ".join(s.name for s in FIGURES))
-    parser.add_argument("--out", default="figures", help="output directory (default figures/)")
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser("python -m probe.figures", __doc__.split("\n\n")[0],
+                         "figures: " + ", ".join(s.name for s in FIGURES))
     parser.add_argument("--format", default="png", help="comma list of png, pdf, svg (default png)")
-    parser.add_argument("--only", nargs="+", metavar="NAME", help="make only these figures")
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="make only these figures (an existing index is left as it is)")
     parser.add_argument("--checkpoints", default=str(REPO / "checkpoints"), help="shipped checkpoints directory")
-    parser.add_argument("--results", default=str(REPO / "results"), help="directory of evaluate.json")
+    parser.add_argument("--results", default=str(REPO / "results"),
+                        help="directory of the reproduction grid (reproduction/) and the analyses' shipped JSON (an "
+                             "empty directory: recompute everything)")
     parser.add_argument("--retrain", action="store_true",
                         help="rerun the whole reproduction first (scripts/reproduce.py then scripts/ship.py)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda or auto")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the analyses' random draws")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or per-figure lines on stderr")
     parser.add_argument("--quick", action="store_true",
                         help="tiny samples everywhere: checks the pipeline in seconds, numbers not for reporting")
+    add_threads(parser)
+    add_common_args(parser, out_help="output directory for the figures and their index README.md (default figures/)")
+    parser.set_defaults(out="figures")
+    return parser
 
+
+def main(argv: list[str] | None = None) -> int:
     def body(args: argparse.Namespace) -> dict[str, Any]:
         formats = [f.strip() for f in args.format.split(",") if f.strip()]
         if not formats or set(formats) - {"png", "pdf", "svg"}:
@@ -349,6 +408,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ProbeError(f"unknown figure(s) {', '.join(sorted(unknown))}; known: "
                                  + ", ".join(s.name for s in FIGURES))
             specs = [s for s in FIGURES if s.name in args.only]
+        seed_and_threads(args)
+        quiet = args.quiet or args.json
         if args.retrain:
             for script in ("reproduce.py", "ship.py"):
                 if not (REPO / "scripts" / script).exists():
@@ -356,14 +417,15 @@ def main(argv: list[str] | None = None) -> int:
                 subprocess.run([sys.executable, str(REPO / "scripts" / script)], cwd=REPO, check=True)
         inputs = Inputs(Path(args.checkpoints), Path(args.results), args.seed, str(resolve_device(args.device)),
                         args.quick)
+        inputs.validate()
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        made, n_files, t_all = {}, 0, time.perf_counter()
+        made, rows, t_all = {}, [], time.perf_counter()
         import matplotlib.pyplot as plt
         from tqdm import tqdm
 
         # an analysis behind one figure can run for a minute: the bar names the figure being made meanwhile
-        bar = tqdm(specs, unit="figure", file=sys.stderr, disable=args.quiet)
+        bar = tqdm(specs, unit="figure", file=sys.stderr, disable=quiet)
         for spec in bar:
             bar.set_description(spec.name)
             t0 = time.perf_counter()
@@ -375,16 +437,17 @@ def main(argv: list[str] | None = None) -> int:
                 files.append(f"{spec.name}.{fmt}")
             plt.close(fig)
             made[spec.name] = time.perf_counter() - t0
-            n_files += len(files)
-            if not args.quiet:
+            rows.append({"figure": spec.name, "files": ",".join(files), "seconds": made[spec.name]})
+            if not quiet:
                 bar.write(f"{spec.name:24s} {made[spec.name]:6.1f} s  -> {', '.join(files)}", file=sys.stderr)
-        write_index(out, made, args.seed)
-        if not args.quiet:
-            print(f"wrote {n_files} files and README.md to {out} in {time.perf_counter() - t_all:.0f} s",
-                  file=sys.stderr)
-        return {}
+        changed = write_index(out, made, args.seed, only=bool(args.only))
+        if not quiet:
+            n_files = sum(len(r["files"].split(",")) for r in rows)
+            print(f"wrote {n_files} files{' and README.md' if changed else ''} to {out} in "
+                  f"{time.perf_counter() - t_all:.0f} s", file=sys.stderr)
+        return envelope("figures", [str(p) for p in inputs.finals], rows)
 
-    return run_cli(parser, body, argv, emits_json=False)
+    return run_cli(build_parser(), body, argv)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from probe.errors import ProbeError
-from probe.models import ModelConfig
+
+if TYPE_CHECKING:
+    from probe.models import ModelConfig
+    from probe.tasks import TaskConfig
 
 SAFETY = 0.5
 """Plan for at most this share of the free memory: the estimate ignores the allocator's slack and whatever else the
@@ -51,16 +56,19 @@ class ForwardCost:
         return self.attention + self.tokens
 
 
-def forward_cost(cfg: ModelConfig, positions: int) -> ForwardCost:
+def forward_cost(cfg: ModelConfig, positions: int, grad: bool = False) -> ForwardCost:
     """Bytes one sequence of ``positions`` tokens (prefix included) needs at the peak of a no-grad forward pass.
 
     Layers run one after another and free their activations, so the peak is one layer's worth: attention holds
     the raw scores, the masked scores and the softmax pattern around the softmax (measured: 2.6 of these
     tensors at the peak on CPU; 3 are counted), and the per-token terms count every sublayer's output at once.
+    With ``grad`` (a backward pass follows), autograd keeps every layer's activations until the backward pass, and
+    the backward pass holds a gradient of the same size: twice every layer's worth.
     """
     attention = 3 * cfg.n_heads * positions * positions * _FLOAT if cfg.has_attention else 0
     per_token = 12 * cfg.d_model + 2 * cfg.mlp_dim + 2 * cfg.vocab_size
-    return ForwardCost(attention=attention, tokens=positions * per_token * _FLOAT)
+    layers = 2 * cfg.n_layers if grad else 1
+    return ForwardCost(attention=layers * attention, tokens=layers * positions * per_token * _FLOAT)
 
 
 def _gb(n: float) -> str:
@@ -68,16 +76,16 @@ def _gb(n: float) -> str:
 
 
 def fit_batch_size(cfg: ModelConfig, length: int, want: int, device: torch.device | str = "cpu", prefix: int = 0,
-                   available: int | None = None) -> int:
+                   available: int | None = None, grad: bool = False) -> int:
     """The largest sub-batch, at most ``want``, whose forward pass on sequences of stream length ``length`` (plus
     ``prefix`` tokens, the task's dictionary) fits in ``SAFETY`` x the free memory.
 
     Raises ``ProbeError`` naming the longest length that would fit when not even one sequence does."""
     budget = SAFETY * (available_bytes(device) if available is None else available)
-    one = forward_cost(cfg, prefix + length)
+    one = forward_cost(cfg, prefix + length, grad)
     if one.total <= budget:
         return max(1, min(want, int(budget // one.total)))
-    longest = max(0, max_positions(cfg, budget) - prefix)
+    longest = max(0, max_positions(cfg, budget, grad) - prefix)
     dominant = (f"{cfg.n_heads} heads x {prefix + length}^2 attention scores"
                 if one.attention > one.tokens else f"{prefix + length} tokens of activations")
     raise ProbeError(
@@ -86,12 +94,31 @@ def fit_batch_size(cfg: ModelConfig, length: int, want: int, device: torch.devic
     )
 
 
-def max_positions(cfg: ModelConfig, budget: float) -> int:
+def max_positions(cfg: ModelConfig, budget: float, grad: bool = False) -> int:
     """The longest sequence (in tokens) whose single-sequence forward pass fits in ``budget`` bytes."""
     lo, hi = 0, 1
-    while forward_cost(cfg, hi).total <= budget:
+    while forward_cost(cfg, hi, grad).total <= budget:
         lo, hi = hi, hi * 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if forward_cost(cfg, mid).total <= budget else (lo, mid)
+        lo, hi = (mid, hi) if forward_cost(cfg, mid, grad).total <= budget else (lo, mid)
     return lo
+
+
+def check_lengths(cfg: ModelConfig, task: TaskConfig, lengths: Sequence[int], device: torch.device | str = "cpu",
+                  grad: bool = False, name: str | None = None) -> None:
+    """Refuse, before any work, a length the model cannot take: beyond a learned position table, or so long that
+    one sequence's forward pass (with ``grad``: forward and backward) would not fit in memory. The message names the
+    longest length that fits, prefixed by ``name`` (the checkpoint) when given."""
+    try:
+        if not lengths:
+            raise ProbeError("no lengths to analyse")
+        longest = max(lengths)
+        if cfg.pos_encoding == "learned" and task.prefix_len + longest > cfg.max_len:
+            raise ProbeError(f"length {longest} needs {task.prefix_len + longest} positions, beyond the model's "
+                             f"learned table of {cfg.max_len}: use lengths up to {cfg.max_len - task.prefix_len}")
+        fit_batch_size(cfg, longest, 1, device, prefix=task.prefix_len, grad=grad)
+    except ProbeError as e:
+        if name is None:
+            raise
+        raise ProbeError(f"{name}: {e}") from None

@@ -151,7 +151,7 @@ def test_ig_control_fails_when_the_path_starts_elsewhere(task, batch):
 def test_cli_json(task, tmp_path, capsys):
     path = tmp_path / "h.pt"
     save_checkpoint(path, checkpoint_from_model(tiny_model("hybrid", task.vocab_size), task))
-    assert A.main([str(path), "--json", "--length", "8", "--batch", "4", "--ig", "--ig-sequences", "1",
+    assert A.main([str(path), "--json", "--lengths", "8", "--samples", "4", "--ig", "--ig-sequences", "1",
                    "--ig-max-steps", "32", "--out", str(tmp_path / "o")]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["command"] == "attributions"
@@ -159,7 +159,7 @@ def test_cli_json(task, tmp_path, capsys):
     assert kinds >= {"occlusion", "occlusion_far", "reads", "reads_far", "components", "ig"}
     assert {c["control"] for c in obj["controls"]} == {"occlusion_causal_L8", "patching_cross_position_L8",
                                                       "ig_converged_L8"}
-    assert all(isinstance(c["passed"], bool) for c in obj["controls"])
+    assert all(isinstance(c["passed"], bool) and c["kind"] == "instrument" for c in obj["controls"])
     assert {p.name for p in (tmp_path / "o").iterdir()} >= {"occlusion.png", "attention_reads.png",
                                                             "components.png", "results.json"}
 
@@ -168,3 +168,23 @@ def test_cli_bad_input_exits_2(tmp_path, capsys):
     assert A.main([str(tmp_path / "nope.pt")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
+
+
+@pytest.mark.slow  # a trained checkpoint, about 6 s
+def test_the_shipped_dat_hybrid_carries_its_state_through_the_lstm():
+    """On a trained model (not a hand-built one): DAT's state answers follow a resampled number near and far with
+    attention's outputs held clean, and not at all with the LSTMs' held; zeroing block 0's LSTM costs the state
+    answer far more than zeroing any attention."""
+    from pathlib import Path
+
+    from probe.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(Path(__file__).resolve().parents[1] / "checkpoints" / "hybrid-dat.pt")
+    report = AA.analyze_checkpoint(ckpt, lengths=[25], batch_size=8)
+    follow = report.occlusion_far.set_index(["range", "condition"]).follow
+    for where in ("near", "far"):
+        assert follow[(where, "total")] > 0.9 and follow[(where, "recurrent_only")] > 0.9
+        assert follow[(where, "attention_only")] < 0.1
+    state = report.components[report.components.subtask == "state"].set_index(["block", "component"]).effect
+    assert state[(0, "lstm")] > 2.0 and max(state[(0, "attn")], state[(1, "attn")]) < 1.0
+    assert all(c["passed"] and c["kind"] == "instrument" for c in report.controls)

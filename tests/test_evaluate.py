@@ -68,6 +68,7 @@ def two_seeds(tmp_path):
     return paths
 
 
+@pytest.mark.slow  # about 8 s: seaborn figure
 def test_cli_json_is_one_tidy_object_and_writes_figure(two_seeds, tmp_path, capsys):
     out = tmp_path / "out"
     rc = main([str(p) for p in two_seeds] + ["--lengths", "1:12", "--samples", "8", "--json", "--out", str(out)])
@@ -84,14 +85,24 @@ def test_cli_json_is_one_tidy_object_and_writes_figure(two_seeds, tmp_path, caps
     got = score[(score.checkpoint == str(two_seeds[0])) & (score.subtask == "state")].token_acc.item()
     assert got == pytest.approx(st.token_acc.mean())
     assert {c["control"] for c in obj["controls"]} == {"chance"}
+    assert all(c["kind"] == "control" and isinstance(c["passed"], bool) for c in obj["controls"])
+    recall = next(c for c in obj["controls"] if c["subtask"] == "recall")
+    assert recall["token_acc"] == 1 / make_task("interleaved").n_values
     assert (out / "accuracy_vs_length.png").stat().st_size > 10_000
-    assert json.loads((out / "evaluate.json").read_text())["results"] == obj["results"]
+    assert json.loads((out / "results.json").read_text())["results"] == obj["results"]
 
 
 def test_cli_human_table(two_seeds, capsys):
     assert main([str(two_seeds[0]), "--lengths", "4,8,12,16", "--samples", "8"]) == 0
     out = capsys.readouterr().out
     assert "hybrid-joint" in out and "1x" in out and "score" in out
+
+
+def test_cli_human_table_shows_a_length_that_is_not_a_multiple(two_seeds, capsys):
+    """``--lengths 6`` once printed only a score column: the accuracy at the asked length must show."""
+    assert main([str(two_seeds[0]), "--lengths", "6", "--samples", "8"]) == 0
+    header = capsys.readouterr().out.splitlines()[1]
+    assert "L=6" in header.split() and "1x" not in header
 
 
 @pytest.mark.parametrize("make", ["missing", "junk", "emptydir"])
@@ -109,8 +120,9 @@ def test_cli_bad_input_exits_2_with_one_line(tmp_path, capsys, make):
 
 # --- bad arguments: one line, exit 2, nothing written ---------------------------------------------------------
 @pytest.mark.parametrize(("args", "words"), [
-    (["--samples", "0"], "--samples 0: must be at least 1"),
-    (["--batch-size", "-3"], "--batch-size -3: must be at least 1"),
+    (["--samples", "0"], "--samples: 0 must be a positive integer"),
+    (["--batch-size", "-3"], "--batch-size: -3 must be a positive integer"),
+    (["--threads", "-2"], "--threads: -2 must be 0 or a positive integer"),
     (["--lengths", ""], "empty --lengths"),
     (["--lengths", "9:2"], "an empty range"),
     (["--lengths", "1:9:0"], "bad --lengths '1:9:0'"),

@@ -17,6 +17,7 @@ import torch
 
 from probe import gradients as G
 from probe.checkpoint import checkpoint_from_model, load_checkpoint, save_checkpoint
+from probe.core.meta import schedule_gate
 from probe.errors import ProbeError
 from probe.gradients import controls as C
 from probe.gradients import lookahead as LA
@@ -211,6 +212,7 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # trains two 40-60-step runs (module fixture)
 def test_moments_from_a_snapshot_and_from_last_pt_agree(runs):
     snap = load_checkpoint(runs["dat"] / "trajectory" / "step_000060.pt")
     last = load_checkpoint(runs["dat"] / "last.pt")
@@ -225,6 +227,7 @@ def test_moments_from_a_snapshot_and_from_last_pt_agree(runs):
     assert G.adam_moments(load_checkpoint(runs["dat"] / "final.pt"), model) is None
 
 
+@pytest.mark.slow  # trains two 40-60-step runs (module fixture)
 def test_trajectory_gate_follows_the_schedule_and_moments_are_used(runs):
     rep = G.analyze([runs["dat"] / "trajectory", runs["dat"] / "last.pt"], lengths=[8], batch_size=16,
                     lookahead_cfg=SMALL)
@@ -246,15 +249,17 @@ def test_trajectory_gate_follows_the_schedule_and_moments_are_used(runs):
     assert {t.get_text() for t in fig.axes[0].get_legend().get_texts()} == {"joint", "delayed"}
 
 
+@pytest.mark.slow  # trains two 40-60-step runs (module fixture)
 def test_schedule_gate_at_the_switch(runs):
     snap = load_checkpoint(runs["dat"] / "trajectory" / "step_000020.pt")
-    assert G.schedule_gate(snap) == 0.0
+    assert schedule_gate(snap) == 0.0
     snap.step = 30  # a snapshot at the switch stores step 29's gate (0); the next update uses gate 1
-    assert G.schedule_gate(snap) == 1.0
+    assert schedule_gate(snap) == 1.0
 
 
+@pytest.mark.slow  # trains two 40-60-step runs (module fixture)
 def test_cli_json_and_figures(runs, tmp_path, capsys):
-    rc = G.main([str(runs["joint"] / "trajectory"), "--json", "--length", "8", "--batch", "16", "--la-batches", "4",
+    rc = G.main([str(runs["joint"] / "trajectory"), "--json", "--lengths", "8", "--samples", "16", "--la-batches", "4",
                  "--la-eval-batches", "2", "--out", str(tmp_path / "o")])
     assert rc == 0
     obj = json.loads(capsys.readouterr().out)
@@ -268,7 +273,9 @@ def test_cli_json_and_figures(runs, tmp_path, capsys):
                                                             "lookahead_over_training.png", "results.json"}
 
 
+@pytest.mark.slow  # trains two 40-60-step runs (module fixture)
 def test_cli_human_table(runs, capsys):
+    # the old spellings --length and --batch stay accepted (hidden) for scripts that use them
     assert G.main([str(runs["joint"] / "final.pt"), "--length", "8", "--batch", "8", "--la-batches", "3",
                    "--la-eval-batches", "2"]) == 0
     out = capsys.readouterr().out
@@ -278,10 +285,10 @@ def test_cli_human_table(runs, capsys):
 def test_cli_answers_the_lstm_part_explicitly(task, tmp_path, capsys):
     path = tmp_path / "lstm.pt"
     save_checkpoint(path, checkpoint_from_model(tiny_model("lstm", task.vocab_size), task))
-    assert G.main([str(path), "--json", "--length", "8", "--batch", "8", "--no-lookahead"]) == 0
+    assert G.main([str(path), "--json", "--lengths", "8", "--samples", "8", "--no-lookahead"]) == 0
     rows = [r for r in json.loads(capsys.readouterr().out)["results"] if r["analysis"] == "interference"]
     assert rows and all(r["g_att_norm"] == 0 and r["cos_att_rec"] is None for r in rows)
-    assert G.main([str(path), "--length", "8", "--batch", "8", "--no-lookahead"]) == 0
+    assert G.main([str(path), "--lengths", "8", "--samples", "8", "--no-lookahead"]) == 0
     assert "no attention sublayer" in capsys.readouterr().out
 
 

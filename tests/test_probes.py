@@ -124,19 +124,31 @@ def test_hand_built_counter_answers_s_t(counter_task):
     assert torch.equal(cache["blocks.0.lstm.hook_c"][..., :5].argmax(-1), batch.sums)
 
 
-# --- the trained state tracker ------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def modsum_lstm(tmp_path_factory):
-    """A model whose state is known: a 1-layer LSTM trained to track s_t mod 3 (perfect up to 3x its length)."""
+# --- a state tracker: the hand-built counter for the method, one trained LSTM to show training still finds it --------
+@pytest.fixture
+def state_tracker(counter_task):
+    """A model whose state is s_t by construction (no training, so no threshold that a torch upgrade can move)."""
+    return counter_model(counter_task), counter_task
+
+
+@pytest.mark.slow  # trains 400 steps
+def test_a_trained_lstm_tracks_the_sum_and_the_probe_finds_it(tmp_path):
+    """Training still finds a state tracker, and the probe reads s_t from it beyond the training range. Margins,
+    not the last percent: an LSTM on s_t mod 3 reaches about 1.0 here; 0.9 leaves room for optimizer drift."""
     task = make_task("modsum", m=3, n_keys=1, n_values=1, train_length=8)
     cfg = ModelConfig(family="lstm", vocab_size=task.vocab_size, d_model=32, n_layers=1, n_heads=1)
     train_cfg = TrainConfig(steps=400, batch_size=32, lr=1e-2, warmup=20, eval_every=400, ckpt_every=400,
                             traj_every=400, schedule=ScheduleConfig(kind="joint"))
-    trainer = Trainer(cfg, task, train_cfg, tmp_path_factory.mktemp("modsum"), progress=False)
+    trainer = Trainer(cfg, task, train_cfg, tmp_path, progress=False)
     trainer.run()
     model = trainer.model.eval()
-    assert accuracy_at_length(model, task, 24, 128)["state"]["token_acc"] > 0.98  # precondition of the controls
-    return model, task
+    assert accuracy_at_length(model, task, 24, 128)["state"]["token_acc"] > 0.9
+    res = probe_model(model, task, hooks=["lstm.hook_h"], lengths=[16, 24], n_train=64, n_train_beyond=32,
+                      n_test=32, patching=False)
+    r = res.beyond("in")
+    assert (r.probe_acc > 0.9).all() and (r.probe_acc > r.majority_acc + 0.3).all()
+    ctrl = res.controls.set_index(["control", "train_positions"])
+    assert ctrl.loc[("permuted_target", "in"), "passed"]
 
 
 def no_hooks_left(model) -> bool:
@@ -144,8 +156,8 @@ def no_hooks_left(model) -> bool:
         all(layer._override is None for layer in model.lstm_layers)
 
 
-def test_probe_finds_the_state_of_a_state_tracker(modsum_lstm):
-    model, task = modsum_lstm
+def test_probe_finds_the_state_of_a_state_tracker(state_tracker):
+    model, task = state_tracker
     res = probe_model(model, task, hooks=["lstm.hook_h"], n_train=64, n_train_beyond=32, n_test=32, patching=False)
     rows = res.by_length
     assert set(rows.train_positions) == {"in", "beyond"}
@@ -163,20 +175,23 @@ def test_probe_finds_the_state_of_a_state_tracker(modsum_lstm):
     assert no_hooks_left(model)
 
 
-def test_shuffled_labels_are_not_decodable(modsum_lstm):
-    model, task = modsum_lstm
+def test_shuffled_labels_are_not_decodable(state_tracker):
+    model, task = state_tracker
     hooks = ["blocks.0.lstm.hook_h"]
     train = collect_activations(model, task, [8], 64, hooks, seed=1)
     test = collect_activations(model, task, [16], 32, hooks, seed=2)
-    shuffled = np.random.default_rng(0).permutation(train.labels)
     x, xt = train.features[hooks[0]], test.features[hooks[0]]
-    acc_shuffled = (fit_probe(x, shuffled).predict(xt) == test.labels).mean()
+    # features that cluster by s_t map whole clusters to random classes, so one shuffle's accuracy moves in steps
+    # of about 1/m: the mean over shuffles is what sits at chance
+    rng = np.random.default_rng(0)
+    acc_shuffled = np.mean([(fit_probe(x, rng.permutation(train.labels)).predict(xt) == test.labels).mean()
+                            for _ in range(20)])
     acc_real = (fit_probe(x, train.labels).predict(xt) == test.labels).mean()
     assert acc_real > 0.95
     assert acc_shuffled < 1 / task.m + 0.12
 
 
-def test_shuffled_label_control_fails_when_labels_leak(modsum_lstm, monkeypatch):
+def test_shuffled_label_control_fails_when_labels_leak(state_tracker, monkeypatch):
     """Broken on purpose: a 'shuffle' that keeps the labels in place must make the shuffled-label control fail."""
     import probe.probes.controls as controls
 
@@ -184,7 +199,7 @@ def test_shuffled_label_control_fails_when_labels_leak(modsum_lstm, monkeypatch)
         def permutation(self, x):
             return np.asarray(x)
 
-    model, task = modsum_lstm
+    model, task = state_tracker
     monkeypatch.setattr(controls, "default_rng", lambda seed: NoShuffle())
     res = probe_model(model, task, hooks=["lstm.hook_h"], lengths=[8], n_train=48, n_train_beyond=16, n_test=24,
                       patching=False)
@@ -192,8 +207,8 @@ def test_shuffled_label_control_fails_when_labels_leak(modsum_lstm, monkeypatch)
     assert row.acc > 0.9 and not row.passed
 
 
-def test_controls_and_interventions_of_a_state_tracker(modsum_lstm):
-    model, task = modsum_lstm
+def test_controls_and_interventions_of_a_state_tracker(state_tracker):
+    model, task = state_tracker
     res = probe_model(model, task, hooks=["lstm.hook_h", "hook_resid_post"], lengths=[8, 24], n_train=48,
                       n_train_beyond=24, n_test=24, n_patch=24)
     shuffled = res.controls[res.controls.control == "shuffled_labels"].iloc[0]
@@ -212,10 +227,10 @@ def test_controls_and_interventions_of_a_state_tracker(modsum_lstm):
         set(pos.columns)
 
 
-def test_state_that_is_decodable_but_cut_off_is_not_used(modsum_lstm):
+def test_state_that_is_decodable_but_cut_off_is_not_used(state_tracker):
     """Negative control for the interventions: the LSTM still computes s_t, but its output never reaches the
     stream."""
-    model, task = modsum_lstm
+    model, task = state_tracker
     model.add_hook("blocks.0.hook_lstm_out", lambda x, hook: torch.zeros_like(x), is_permanent=True)
     try:
         res = probe_model(model, task, hooks=["lstm.hook_h"], lengths=[16], n_train=48, n_train_beyond=24,
@@ -389,15 +404,17 @@ def test_joined_hooks_probe_the_concatenation(hybrid, task):
     assert acts.x(joined).shape[1] == 2 * hybrid.cfg.d_model
 
 
-def test_cli_json_and_figures(tmp_path, capsys, modsum_lstm):
-    model, task = modsum_lstm
-    lstm_path = save_checkpoint(tmp_path / "lstm.pt", checkpoint_from_model(model, task))
+@pytest.mark.slow  # about 13 s: two checkpoints end to end, three figures
+def test_cli_json_and_figures(tmp_path, capsys):
+    task = make_task("modsum", m=3, n_keys=1, n_values=1, train_length=8)
+    lstm_path = save_checkpoint(tmp_path / "lstm.pt", checkpoint_from_model(tiny_model("lstm", task.vocab_size),
+                                                                            task))
     itask = make_task("interleaved", train_length=8)
     hybrid_path = save_checkpoint(tmp_path / "hybrid.pt", checkpoint_from_model(tiny_model("hybrid", itask.vocab_size),
                                                                                 itask))
     out = tmp_path / "out"
     code = main([str(lstm_path), str(hybrid_path), "--json", "--out", str(out), "--lengths", "8,16",
-                 "--n-train", "24", "--n-train-beyond", "8", "--n-test", "8", "--n-patch", "8"])
+                 "--n-train", "24", "--n-train-beyond", "8", "--samples", "8", "--n-patch", "8"])
     assert code == 0
     captured = capsys.readouterr()
     obj = json.loads(captured.out)
@@ -418,7 +435,10 @@ def test_cli_json_and_figures(tmp_path, capsys, modsum_lstm):
     assert {c["control"] for c in obj["controls"]} == {"permuted_target", "shuffled_labels", "identity_patch",
                                                        "same_sum"}
     assert all(isinstance(c["passed"], bool) for c in obj["controls"])
-    assert json.loads((out / "probes.json").read_text()) == obj
+    kinds = {c["control"]: c["kind"] for c in obj["controls"]}
+    assert kinds == {"permuted_target": "control", "same_sum": "control", "shuffled_labels": "instrument",
+                     "identity_patch": "instrument"}
+    assert json.loads((out / "results.json").read_text()) == obj
     for name in ("probes_heatmap", "probes_position", "probes_compare"):
         assert (out / f"{name}.png").stat().st_size > 10_000
 
@@ -428,7 +448,8 @@ def test_cli_json_and_figures(tmp_path, capsys, modsum_lstm):
     (["{ckpt}", "--hooks", "hook_nonsense"], "no per-position hook matches"),
     (["{ckpt}", "--hooks", "lstm.hook_h+hook_nonsense"], "no per-position hook matches"),
     (["{ckpt}", "--lengths", "0,5"], "bad --lengths"),
-    (["{ckpt}", "--n-train-beyond", "0"], "must be positive"),
+    (["{ckpt}", "--n-train-beyond", "0"], "must be a positive integer"),
+    (["{ckpt}", "--lengths", "100000000"], "use lengths up to"),
 ])
 def test_cli_user_errors_exit_2(tmp_path, capsys, argv, message):
     task = make_task("interleaved", train_length=8)

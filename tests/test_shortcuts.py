@@ -16,15 +16,15 @@ import pytest
 import torch
 
 from probe.attention import attention_controls, entropy_vs_length, head_diagnostics, recall_targets
+from probe.core.gates import attention_gates
+from probe.core.stats import bootstrap_ci, wilson
 from probe.errors import ProbeError
 from probe.models import ModelConfig
 from probe.schedules import ScheduleConfig
 from probe.shortcuts import (
     Perturbation,
     analyze,
-    attention_gates,
     attention_knockout,
-    bootstrap_ci,
     check_perturbation,
     effects_table,
     forgetful,
@@ -43,13 +43,12 @@ from probe.shortcuts import (
     sum_preserving_controls,
     sum_preserving_perturbation,
     tracker,
-    wilson,
     window_test,
     windowed,
     zero_run,
 )
-from probe.shortcuts.common import Sampled, baselines, sample
 from probe.shortcuts.oracles import GatedRecall
+from probe.shortcuts.sampling import Sampled, baselines, sample
 from probe.shortcuts.sums import Perturbed
 from probe.tasks import make_task
 from probe.train import TrainConfig, train
@@ -301,6 +300,7 @@ def test_each_sum_preserving_control_fails_on_its_broken_perturbation(interleave
     assert {c for c, ok in wrong.items() if not ok} >= failing
 
 
+@pytest.mark.slow  # trains a 300-400-step model (module fixture)
 def test_sum_preserving_separates_a_tracker_from_a_local_shortcut(interleaved, lstm_ckpt):
     exact = sum_preserving(tracker(interleaved), interleaved, [12, 36], n_sequences=128).table
     assert (exact.effect == 0).all() and not exact.flagged.any() and (exact.changed_if_right == 0).all()
@@ -365,6 +365,7 @@ def test_identity_run_tracker_control_fails_when_answers_are_read_at_the_wrong_p
 
 
 # --- positional offset and position dependence --------------------------------------------------------------------
+@pytest.mark.slow  # trains a 300-400-step model (module fixture)
 def test_learned_position_transformer_is_flagged(transformer_report):
     pos = transformer_report.positional
     assert pos.applicable and pos.flagged and pos.headline == "index"
@@ -377,6 +378,7 @@ def test_learned_position_transformer_is_flagged(transformer_report):
     assert all(c["passed"] for c in transformer_report.controls)
 
 
+@pytest.mark.slow  # trains a 300-400-step model (module fixture)
 def test_lstm_is_not_flagged_and_is_a_tracker_on_every_test(lstm_report):
     pos = lstm_report.positional
     assert not pos.applicable and not pos.flagged and pos.headline == "pad"
@@ -453,6 +455,7 @@ def test_every_index_perturbation_leaves_a_position_free_model_exactly_unchanged
     assert all(c["passed"] for c in controls.values())
 
 
+@pytest.mark.slow  # trains a 300-400-step model (module fixture)
 def test_trained_lstm_checkpoint_is_exactly_invariant_to_index_perturbations(lstm_ckpt):
     from probe.checkpoint import load_checkpoint
 
@@ -581,10 +584,11 @@ def test_analyze_a_hybrid_leaves_no_hook_and_no_gate_changed(tmp_path):
     assert {8, 16} <= set(table.columns)
 
 
+@pytest.mark.slow  # trains a 300-400-step model (module fixture)
 def test_cli_json_reports_every_test_with_intervals_and_controls(transformer_ckpt, lstm_ckpt, tmp_path, capsys):
     out = tmp_path / "out"
     code = __import__("probe.shortcuts.cli", fromlist=["main"]).main(
-        [str(transformer_ckpt), str(lstm_ckpt), "--json", "--out", str(out), "--sequences", "16", "--lengths", "8,16",
+        [str(transformer_ckpt), str(lstm_ckpt), "--json", "--out", str(out), "--samples", "16", "--lengths", "8,16",
          "--runs", "8", "--window-samples", "32", "--entropy-lengths", "4,8"])
     assert code == 0
     captured = capsys.readouterr()
@@ -603,12 +607,14 @@ def test_cli_json_reports_every_test_with_intervals_and_controls(transformer_ckp
     state = lstm[(lstm.test.isin(["sum_preserving", "identity_run"])) & (lstm.subtask == "state")]
     assert state.applicable.all() and state.ci_high.notna().all()
     assert obj["controls"] and all("passed" in c for c in obj["controls"])
-    assert all(c["passed"] for c in obj["controls"])
-    for name in ("shortcuts.json", "tests.csv", "controls.csv", "tests.png", "drops.png", "window.png",
+    assert all(c["passed"] and c["kind"] == "instrument" for c in obj["controls"])
+    assert json.loads((out / "results.json").read_text()) == obj
+    for name in ("results.json", "tests.csv", "controls.csv", "tests.png", "drops.png", "window.png",
                  "entropy.png", "heads.png"):
         assert (out / name).stat().st_size > 0
 
 
+@pytest.mark.slow  # trains a 300-400-step model (module fixture)
 def test_pooled_rows_average_checkpoints_of_one_label(transformer_report, lstm_report):
     rows = pooled_rows([transformer_report, transformer_report, lstm_report])
     pooled = [r for r in rows if r["test"] == "offset_score_pooled" and r["subtask"] == "all"

@@ -3,20 +3,20 @@ integrated gradients kept only where they converge.
 
 Modules: ``occlusion`` (resample one token, recompute labels, patch paths), ``reads`` (value-weighted attention),
 ``components`` (zero each sublayer), ``ig`` (per-position IG from a token baseline), ``analysis`` (checkpoints),
-``plots``, ``cli`` (``python -m probe.attributions``). Imports point one way: this package uses
-``probe.gradients``' checkpoint helpers; ``probe.gradients`` never imports it.
+``plots``, ``cli`` (``python -m probe.attributions``). Shared scaffolding (batches, gates, checkpoint columns, rows)
+comes from ``probe.core``; no other analysis package is imported. Names are imported on first use.
 """
 
-from probe.attributions.analysis import AttributionReport, analyze, analyze_checkpoint
-from probe.attributions.cli import main
-from probe.attributions.components import component_ablation
-from probe.attributions.ig import PositionIG, choose_answers, ig_far, ig_profile, position_ig
-from probe.attributions.occlusion import CONDITIONS, Occlusion, corrupt, resample_occlusion
-from probe.attributions.plots import plot_components, plot_occlusion, plot_reads
-from probe.attributions.reads import read_profile, value_weighted_attention
+from probe.core.lazy import lazy_exports
 
-__all__ = [
-    "CONDITIONS", "AttributionReport", "Occlusion", "PositionIG", "analyze", "analyze_checkpoint", "choose_answers",
-    "component_ablation", "corrupt", "ig_far", "ig_profile", "main", "plot_components",
-    "plot_occlusion", "plot_reads", "position_ig", "read_profile", "resample_occlusion", "value_weighted_attention",
-]
+_EXPORTS = {
+    **dict.fromkeys(["AttributionReport", "analyze", "analyze_checkpoint"], "analysis"),
+    "main": "cli",
+    "component_ablation": "components",
+    **dict.fromkeys(["PositionIG", "choose_answers", "ig_far", "ig_profile", "position_ig"], "ig"),
+    **dict.fromkeys(["CONDITIONS", "Occlusion", "corrupt", "resample_occlusion"], "occlusion"),
+    **dict.fromkeys(["plot_components", "plot_occlusion", "plot_reads"], "plots"),
+    **dict.fromkeys(["read_profile", "value_weighted_attention"], "reads"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

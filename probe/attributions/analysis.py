@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,14 +15,16 @@ from probe.attributions.ig import choose_answers, ig_far, ig_profile, position_i
 from probe.attributions.occlusion import resample_occlusion
 from probe.attributions.reads import read_profile
 from probe.checkpoint import Checkpoint, load_checkpoint, resolve_checkpoints
-from probe.gradients import (
-    analysis_batch,
-    attention_gates,
-    checkpoint_meta,
-    control_row,
-    default_lengths,
-    schedule_gate,
-)
+from probe.core.batches import analysis_batch
+from probe.core.gates import attention_gates
+from probe.core.lengths import multiples
+from probe.core.meta import checkpoint_meta, schedule_gate
+from probe.core.progress import progress_iter
+from probe.core.rows import threshold_row
+from probe.memory import check_lengths
+
+DEFAULT_FACTORS = (1, 3)
+"""Attributions are reported at the training length and at 3x, as the gradient analysis's interference."""
 
 IG_DROP_TOL = 0.2
 """At most this fraction of the explained answers may be dropped for a delta that did not converge."""
@@ -56,7 +57,7 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, batch_size: int = 32, seed: int = 0,
                        device: torch.device | str = "cpu", far: int | None = None, ig: bool = False,
                        ig_sequences: int = 4, ig_targets: int = 2, ig_max_steps: int = 256,
-                       stored_gate: bool = False) -> AttributionReport:
+                       stored_gate: bool = False, progress: bool = False) -> AttributionReport:
     """Every attribution of one checkpoint at each length (default: the training length and 3x)."""
     meta = checkpoint_meta(ckpt)
     name = meta["checkpoint"]
@@ -68,16 +69,17 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
     with attention_gates(model, None if stored_gate else schedule_gate(ckpt)):
         gates = model.attention_gates()
         m = {**meta, "gate": gates[0] if gates else 0.0}
-        for length in list(lengths or default_lengths(task)):
+        for length in progress_iter(list(lengths or multiples(task.train_length, DEFAULT_FACTORS)),
+                                    f"{ckpt.name} lengths", progress):
             batch = analysis_batch(task, length, batch_size, seed, device)
-            occ = resample_occlusion(model, batch, task, seed=seed + length)
+            occ = resample_occlusion(model, batch, task, seed=seed + length, progress=progress)
             parts["occlusion"].append(occ.profile().assign(**m, length=length))
             parts["occlusion_far"].append(occ.far(k).assign(**m, length=length))
-            controls.append(control_row(
+            controls.append(threshold_row(
                 name, f"occlusion_causal_L{length}", occ.causal_max, 0.0,
                 "max |logit change| at positions before the resampled token (the next token included, distance "
                 "-1): fails if any answer can see a later token"))
-            controls.append(control_row(
+            controls.append(threshold_row(
                 name, f"patching_cross_position_L{length}", occ.cross_position_max, 0.0,
                 "max |logit change| after the resampled token with every LSTM and attention output held at its "
                 "clean value: fails if the path patching does not hold the sublayers it claims to hold"))
@@ -91,7 +93,7 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
                 parts["ig"].append(ig_profile(res).assign(**m, length=length))
                 parts["ig_far"].append(ig_far(res, k).assign(**m, length=length))
                 frac = res.n_dropped / res.n_answers if res.n_answers else 0.0
-                controls.append(control_row(
+                controls.append(threshold_row(
                     name, f"ig_converged_L{length}", frac, IG_DROP_TOL,
                     f"fraction of answers dropped because |sum of IG - exact occlusion effect| stayed above "
                     f"5 % + 0.02 logit at {ig_max_steps} steps ({res.n_dropped} of {res.n_answers}); dropped "
@@ -105,12 +107,12 @@ def analyze(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, b
             progress: bool = False) -> AttributionReport:
     """Every checkpoint in ``paths`` (files, directories, globs)."""
     ckpts = [load_checkpoint(p) for p in resolve_checkpoints([str(p) for p in paths])]
-    it: Any = ckpts
-    if progress and len(ckpts) > 1:
-        from tqdm.auto import tqdm
-
-        it = tqdm(ckpts, desc="checkpoints", file=sys.stderr, leave=False)
+    for c in ckpts:  # every file and length is checked before any work
+        task = c.task_config
+        check_lengths(c.model_config, task, list(lengths or multiples(task.train_length, DEFAULT_FACTORS)), device,
+                      grad=ig, name=str(c.path))
+    it: Any = progress_iter(ckpts, "checkpoints", progress and len(ckpts) > 1)
     reports = [analyze_checkpoint(c, lengths, batch_size, seed, device, far, ig, ig_sequences, ig_targets,
-                                  ig_max_steps, stored_gate) for c in it]
+                                  ig_max_steps, stored_gate, progress) for c in it]
     return AttributionReport(**{f: _concat([getattr(r, f) for r in reports]) for f in AttributionReport.FRAMES},
                              controls=[c for r in reports for c in r.controls])

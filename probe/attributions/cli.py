@@ -4,20 +4,26 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from probe.attributions.analysis import AttributionReport, analyze
 from probe.cli import (
+    add_checkpoints,
     add_common_args,
+    add_lengths,
+    add_samples,
     add_threads_and_gate_args,
     envelope,
+    make_parser,
+    positive_int,
     resolve_device,
     run_cli,
     say,
     seed_and_threads,
 )
 from probe.cli import write_outputs as save_outputs
-from probe.errors import ProbeError
+
+if TYPE_CHECKING:
+    from probe.attributions.analysis import AttributionReport
 
 DESCRIPTION = """\
 Which inputs and sublayers the answers use, measured exactly: resample one token at a time (labels recomputed) and
@@ -28,7 +34,8 @@ optionally integrated gradients per position, shown only where they converge.
 Usage: python -m probe.attributions ckpt.pt [ckpt.pt ...] [--ig]. Definitions and controls: docs/gradients.md."""
 
 HELP_COLUMNS = """\
-JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "seed", "step", "family", "gate",
+JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "label" (the variant), "seed", "step",
+"family", "gate",
 "length".
   analysis "occlusion": kind (number | query | prefix: which token was resampled), distance (t - s; null for the
     prefix), in_prefix, condition (total | recurrent_only: attention outputs held clean | attention_only: LSTM
@@ -42,34 +49,35 @@ JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "
     the output zeroed), share, logit, acc, acc_ablated.
   analysis "ig" (--ig; converged answers only): distance, ig, effect (exact occlusion effect of the token 0), n.
     "ig_far": k, far_share, n_answers.
-controls rows: checkpoint, control, value, threshold, passed, what (what failure it reveals)."""
+controls rows: checkpoint, control, kind (instrument: every row here checks the method), value, threshold, passed,
+what (what failure it reveals)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser("python -m probe.attributions", DESCRIPTION, HELP_COLUMNS)
+    add_checkpoints(parser)
+    add_lengths(parser, "the training length and 3x", aliases=["--length"])
+    add_samples(parser, 32, aliases=["--batch"])
+    parser.add_argument("--far", type=positive_int, default=None,
+                        help="k for the near/far split (default: a third of the training length)")
+    parser.add_argument("--ig", action="store_true", help="add integrated gradients per position (slow)")
+    parser.add_argument("--ig-sequences", type=positive_int, default=4, help="sequences explained by IG (default 4)")
+    parser.add_argument("--ig-targets", type=positive_int, default=2,
+                        help="answers per sequence explained by IG (default 2)")
+    parser.add_argument("--ig-max-steps", type=positive_int, default=256,
+                        help="largest number of IG steps (default 256)")
+    add_threads_and_gate_args(parser)
+    add_common_args(parser)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probe.attributions", description=DESCRIPTION,
-                                     epilog=HELP_COLUMNS, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoints", nargs="+", help="checkpoint files, directories or globs")
-    parser.add_argument("--batch", type=int, default=32, help="sequences per length (default 32)")
-    parser.add_argument("--length", default=None,
-                        help="lengths: 25,75 or START:STOP[:STEP] (default: the training length and 3x)")
-    parser.add_argument("--far", type=int, default=None,
-                        help="k for the near/far split (default: a third of the training length)")
-    parser.add_argument("--ig", action="store_true", help="add integrated gradients per position (slow)")
-    parser.add_argument("--ig-sequences", type=int, default=4, help="sequences explained by IG (default 4)")
-    parser.add_argument("--ig-targets", type=int, default=2, help="answers per sequence explained by IG (default 2)")
-    parser.add_argument("--ig-max-steps", type=int, default=256, help="largest number of IG steps (default 256)")
-    add_threads_and_gate_args(parser)
-    add_common_args(parser)
-
     def body(args: argparse.Namespace) -> dict[str, Any]:
-        from probe.evaluate import parse_lengths
+        from probe.attributions.analysis import analyze
 
         seed_and_threads(args)
-        if min(args.batch, args.ig_sequences, args.ig_targets, args.ig_max_steps) < 1 or (args.far or 1) < 1:
-            raise ProbeError("--batch, --far and the --ig-* sizes must be positive integers")
-        lengths = parse_lengths(args.length) if args.length else None
-        report = analyze(args.checkpoints, lengths, args.batch, args.seed, resolve_device(args.device), args.far,
-                         args.ig, args.ig_sequences, args.ig_targets, args.ig_max_steps, args.stored_gate,
+        report = analyze(args.checkpoints, args.lengths, args.samples, args.seed, resolve_device(args.device),
+                         args.far, args.ig, args.ig_sequences, args.ig_targets, args.ig_max_steps, args.stored_gate,
                          progress=not args.json)
         names = sorted({r["checkpoint"] for r in report.rows()})
         result = envelope("attributions", names, report.rows(), report.controls)
@@ -79,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             say(args, f"\nwrote figures and results.json to {args.out}")
         return result
 
-    return run_cli(parser, body, argv)
+    return run_cli(build_parser(), body, argv)
 
 
 def format_report(report: AttributionReport) -> str:

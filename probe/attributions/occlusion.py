@@ -23,7 +23,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from probe.core.progress import progress_iter
 from probe.errors import ProbeError
+from probe.memory import fit_batch_size
 from probe.models import HookedSequenceModel
 from probe.tasks import Batch, TaskConfig
 
@@ -169,10 +171,12 @@ def _max(x: Tensor) -> float:
 
 
 def resample_occlusion(model: HookedSequenceModel, batch: Batch, task: TaskConfig, seed: int = 0,
-              conditions: Sequence[str] = CONDITIONS, chunk: int = 256) -> Occlusion:
+              conditions: Sequence[str] = CONDITIONS, chunk: int = 256, progress: bool = False) -> Occlusion:
     """Resample every input token once per sequence and record, for every state answer, whether the model
-    follows the change, under each path condition (see the module docstring)."""
+    follows the change, under each path condition (see the module docstring). Corrupted sequences run ``chunk``
+    at a time, fewer where that many would not fit in memory."""
     device = batch.tokens.device
+    chunk = fit_batch_size(model.cfg, batch.tokens.shape[1], chunk, device)
     gen = torch.Generator().manual_seed(seed)
     seq, pos, kind, tok, lab = corrupt(batch, task, gen)
     names = [n for n in model.hook_dict if n.endswith(("hook_attn_out", "hook_lstm_out"))]
@@ -189,7 +193,7 @@ def resample_occlusion(model: HookedSequenceModel, batch: Batch, task: TaskConfi
     count, clean_correct = zeros.clone(), zeros.clone()
     causal, cross = 0.0, 0.0
     tgrid = torch.arange(t_len)
-    for lo in range(0, len(seq), chunk):
+    for lo in progress_iter(range(0, len(seq), chunk), f"occlusion L={batch.length}", progress):
         r = slice(lo, lo + chunk)
         s_rows, p_rows, k_rows = seq[r], pos[r], kind[r]
         answers = state[s_rows] & (tgrid[None, :] >= p_rows[:, None])  # state answers at or after the change

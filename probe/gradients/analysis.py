@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,57 +11,28 @@ import pandas as pd
 import torch
 
 from probe.checkpoint import Checkpoint, load_checkpoint, resolve_checkpoints
+from probe.core.batches import analysis_batch
+from probe.core.gates import attention_gates
+from probe.core.lengths import multiples
+from probe.core.meta import checkpoint_meta, schedule_gate
+from probe.core.progress import note, progress_iter
+from probe.core.rows import threshold_row
 from probe.errors import ProbeError
 from probe.gradients.controls import (
     ROUTE_TOL,
     builtin_controls,
-    control_row,
     first_order_control,
     loss_split_control,
     route_disagreement,
 )
-from probe.gradients.decomposition import attention_gates, interference
+from probe.gradients.decomposition import interference
 from probe.gradients.lookahead import LookaheadConfig, adam_moments, measure_lookahead, verdict
+from probe.memory import check_lengths
 from probe.models import ModelConfig
-from probe.schedules import Schedule, ScheduleConfig
-from probe.tasks import Batch, TaskConfig
 
 DEFAULT_LOOKAHEAD = LookaheadConfig()
-GRAD_SEED_BASE = 8_000_000_000
-"""Interference batches come from seeds far from training (``seed * 1_000_003 + step``) and evaluation seeds."""
-
-
-def schedule_gate(ckpt: Checkpoint) -> float | None:
-    """The gate the checkpoint's schedule applies at its step (None when the checkpoint records no schedule)."""
-    sched = ckpt.train_config.get("schedule")
-    if not sched or not ckpt.model_config.has_attention:
-        return None
-    try:
-        cfg = ScheduleConfig(**sched)
-    except TypeError:
-        return None
-    switched = (ckpt.extra.get("schedule_state") or {}).get("switched_at")
-    return Schedule(cfg, int(ckpt.train_config.get("steps", 0)), switched_at=switched).gate(ckpt.step)
-
-
-def analysis_batch(task: TaskConfig, length: int, batch_size: int, seed: int,
-                   device: torch.device | str = "cpu") -> Batch:
-    """The batch every checkpoint of an analysis sees at ``length`` (the same across a trajectory)."""
-    return task.sample(length, batch_size, GRAD_SEED_BASE + seed * 1_000_000 + length).to(device)
-
-
-def default_lengths(task: TaskConfig) -> list[int]:
-    return [task.train_length, 3 * task.train_length]
-
-
-def checkpoint_meta(ckpt: Checkpoint) -> dict[str, Any]:
-    """The columns that say which run and step a row comes from."""
-    path = ckpt.path
-    run = str(path.parent.parent if path is not None and path.parent.name == "trajectory" else
-              (path.parent if path is not None else "<memory>"))
-    return {"checkpoint": str(path) if path is not None else ckpt.name, "run": run,
-            "schedule": ckpt.schedule or "none", "seed": ckpt.seed, "step": ckpt.step,
-            "family": ckpt.model_config.family}
+DEFAULT_FACTORS = (1, 3)
+"""Interference is reported at the training length and at 3x (the length-generalization range's end)."""
 
 
 def check_family(ckpt: Checkpoint | ModelConfig, name: str) -> None:
@@ -116,7 +86,7 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
     model = ckpt.build_model(device)
     gate = None if stored_gate else schedule_gate(ckpt)
     task = ckpt.task_config
-    lengths = list(lengths or default_lengths(task))
+    lengths = list(lengths or multiples(task.train_length, DEFAULT_FACTORS))
     frames, controls = [], []
     la, verdicts = pd.DataFrame(), pd.DataFrame()
     with attention_gates(model, gate):
@@ -129,11 +99,12 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
         controls.append(loss_split_control(meta["checkpoint"], table))
         # exactness does not depend on the batch size, so this control uses a small batch
         small = analysis_batch(task, lengths[0], min(batch_size, 16), seed, device)
-        controls.append(control_row(
+        controls.append(threshold_row(
             meta["checkpoint"], "g_rec_two_routes", route_disagreement(model, small), ROUTE_TOL,
             "|g_rec(q, k, v detached) - g_rec(route)| / |g| for the model's stopgrad route and a detached "
             "hook_attn_out: fails if the method's cut leaves a path through attention open or cuts another"))
         if lookahead_cfg is not None:
+            note(f"{meta['checkpoint']}: lookahead (step {ckpt.step})", progress)
             moments = adam_moments(ckpt, model)
             la = measure_lookahead(model, task, moments, lookahead_cfg, seed, device, progress=progress)
             la = la.assign(**meta_g)
@@ -147,14 +118,13 @@ def analyze(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, b
             lookahead_cfg: LookaheadConfig | None = DEFAULT_LOOKAHEAD, progress: bool = False) -> GradientReport:
     """Every checkpoint in ``paths`` (files, trajectory or run directories, globs), plus the built-in control."""
     files = resolve_checkpoints([str(p) for p in paths])
-    ckpts = [load_checkpoint(p) for p in files]  # validate every file before spending time on any
+    ckpts = [load_checkpoint(p) for p in files]  # validate every file and length before spending time on any
     for c in ckpts:
         check_family(c, str(c.path))
-    it: Any = ckpts
-    if progress and len(ckpts) > 1:
-        from tqdm.auto import tqdm
-
-        it = tqdm(ckpts, desc="checkpoints", file=sys.stderr, leave=False)
+        task = c.task_config
+        check_lengths(c.model_config, task, list(lengths or multiples(task.train_length, DEFAULT_FACTORS)), device,
+                      grad=True, name=str(c.path))
+    it: Any = progress_iter(ckpts, "checkpoints", progress and len(ckpts) > 1)
     reports = [analyze_checkpoint(c, lengths, batch_size, seed, device, stored_gate, lookahead_cfg, progress)
                for c in it]
     return GradientReport(

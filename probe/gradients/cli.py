@@ -4,23 +4,31 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from probe.cli import (
+    add_checkpoints,
     add_common_args,
+    add_lengths,
+    add_samples,
     add_threads_and_gate_args,
     envelope,
+    make_parser,
+    positive_float,
+    positive_int,
     resolve_device,
     run_cli,
     say,
     seed_and_threads,
 )
 from probe.cli import write_outputs as save_outputs
-from probe.errors import ProbeError
-from probe.gradients.analysis import GradientReport, analyze
-from probe.gradients.lookahead import LookaheadConfig
+
+if TYPE_CHECKING:
+    from probe.gradients.analysis import GradientReport
+
+LOOKAHEAD_BATCHES, LOOKAHEAD_EVAL_BATCHES, LOOKAHEAD_STEP = 24, 4, 1e-6
+"""``LookaheadConfig``'s defaults, repeated here so that ``--help`` needs no import of the models (a test checks
+that they agree)."""
 
 DESCRIPTION = """\
 Attention-gradient interference on the LSTM weights: how much of their gradient arrives through attention, and
@@ -32,7 +40,8 @@ attention's q, k, v detached (every path through attention cut); g_att = g - g_r
 control catches: docs/gradients.md."""
 
 HELP_COLUMNS = """\
-JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "seed", "step", "family", "gate".
+JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "label" (the variant), "seed", "step",
+"family", "gate".
   analysis "interference" (per checkpoint, length and block; block "all" = every block together), on one batch at
     "length": block, g_norm, g_rec_norm, g_att_norm, att_ratio (=|g_att|/|g|), cos_att_rec, cos_att_rec_state,
     cos_att_state_rec_state, cos_att_recall_rec_state, g_att_state_norm, g_att_recall_norm, loss_split_residual,
@@ -48,41 +57,39 @@ JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "
   analysis "lookahead_verdict" (per checkpoint): verdict (supports | refutes | neither | no attention path),
     detail, dL_state_3x_att, z_state_3x_att, dL_train_att, z_train_att. "supports": the attention-path step
     raises the 3x state loss (z > 2) and lowers the training loss (z < -2); "refutes": it does not raise it.
-controls rows: checkpoint, control, value, threshold, passed, what (what failure it reveals)."""
+controls rows: checkpoint, control, kind (instrument: every row here checks the method), value, threshold, passed,
+what (what failure it reveals)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser("python -m probe.gradients", DESCRIPTION, HELP_COLUMNS)
+    add_checkpoints(parser)
+    add_lengths(parser, "the training length and 3x", aliases=["--length"])
+    add_samples(parser, 64, "sequences per batch, at each length and in each lookahead batch", aliases=["--batch"])
+    parser.add_argument("--no-lookahead", action="store_true", help="only the interference table (fast)")
+    parser.add_argument("--la-batches", type=positive_int, default=LOOKAHEAD_BATCHES,
+                        help=f"training-distribution batches averaged into each step direction "
+                             f"(default {LOOKAHEAD_BATCHES})")
+    parser.add_argument("--la-eval-batches", type=positive_int, default=LOOKAHEAD_EVAL_BATCHES,
+                        help=f"batches per evaluation length, and of held-out training batches "
+                             f"(default {LOOKAHEAD_EVAL_BATCHES})")
+    parser.add_argument("--la-step", type=positive_float, default=LOOKAHEAD_STEP,
+                        help=f"size of the lookahead step, |eta d_full| / |theta| (default {LOOKAHEAD_STEP:g})")
+    add_threads_and_gate_args(parser)
+    add_common_args(parser)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probe.gradients", description=DESCRIPTION, epilog=HELP_COLUMNS,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoints", nargs="+", help="checkpoint files, trajectory or run directories, or globs")
-    parser.add_argument("--batch", type=int, default=64, help="sequences per batch (default 64)")
-    parser.add_argument("--length", default=None,
-                        help="interference lengths: 25,75 or START:STOP[:STEP] (default: the training length and 3x)")
-    parser.add_argument("--no-lookahead", action="store_true", help="only the interference table (fast)")
-    parser.add_argument("--la-batches", type=int, default=LookaheadConfig.n_batches,
-                        help=f"training-distribution batches averaged into each step direction "
-                             f"(default {LookaheadConfig.n_batches})")
-    parser.add_argument("--la-eval-batches", type=int, default=LookaheadConfig.eval_batches,
-                        help=f"batches per evaluation length, and of held-out training batches "
-                             f"(default {LookaheadConfig.eval_batches})")
-    parser.add_argument("--la-step", type=float, default=LookaheadConfig.rel_step,
-                        help="size of the lookahead step, |eta d_full| / |theta| "
-                             f"(default {LookaheadConfig.rel_step:g})")
-    add_threads_and_gate_args(parser)
-    add_common_args(parser)
-
     def body(args: argparse.Namespace) -> dict[str, Any]:
-        from probe.evaluate import parse_lengths
+        from probe.gradients.analysis import analyze
+        from probe.gradients.lookahead import LookaheadConfig
 
         seed_and_threads(args)
-        if min(args.batch, args.la_batches, args.la_eval_batches) < 1 or not args.la_step > 0:
-            raise ProbeError("--batch, --la-batches and --la-eval-batches must be positive integers and --la-step "
-                             "a positive number")
-        lengths = parse_lengths(args.length) if args.length else None
         cfg = None if args.no_lookahead else LookaheadConfig(
-            n_batches=args.la_batches, batch_size=args.batch, eval_batches=args.la_eval_batches,
+            n_batches=args.la_batches, batch_size=args.samples, eval_batches=args.la_eval_batches,
             train_eval_batches=args.la_eval_batches, rel_step=args.la_step)
-        report = analyze(args.checkpoints, lengths, args.batch, args.seed, resolve_device(args.device),
+        report = analyze(args.checkpoints, args.lengths, args.samples, args.seed, resolve_device(args.device),
                          args.stored_gate, cfg, progress=not args.json)
         result = envelope("gradients", sorted(report.interference.checkpoint.unique().tolist()), report.rows(),
                           report.controls)
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
             say(args, f"\nwrote figures and results.json to {args.out}")
         return result
 
-    return run_cli(parser, body, argv)
+    return run_cli(build_parser(), body, argv)
 
 
 def _fmt(x: float) -> str:
@@ -100,6 +107,8 @@ def _fmt(x: float) -> str:
 
 
 def format_report(report: GradientReport) -> str:
+    import pandas as pd
+
     t = report.interference
     cols = ["step", "gate", "length", "block", "att_ratio", "cos_att_rec", "cos_att_rec_state", "g_norm"]
     lines = []

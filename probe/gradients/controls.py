@@ -1,4 +1,4 @@
-"""Controls of the gradient analysis, each of which a broken method would fail (the tests break it on purpose)."""
+"""Instrument checks of the gradient analysis, each of which a broken method fails (the tests break it on purpose)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from probe.core.rows import threshold_row
 from probe.gradients.decomposition import (
     Cut,
     attention_inputs_detached,
@@ -31,13 +32,6 @@ FIRST_ORDER_TOL = 0.05
 """|measured - first-order| change of a loss, relative to the largest first-order change of that loss over the three
 parts. At the default step (|eta d_full| = 1e-6 |theta|) the second-order term stays below it on the shipped
 checkpoints; a wrong gradient, preconditioner or sign gives an error of order 1 at any step size."""
-
-
-def control_row(checkpoint: str, name: str, value: float, threshold: float, what: str, **extra: Any,
-                ) -> dict[str, Any]:
-    """A control row of the JSON (SPEC section 9): it passes when ``value <= threshold``."""
-    return {"checkpoint": checkpoint, "control": name, "value": float(value), "threshold": threshold,
-            "passed": bool(value <= threshold), "what": what, **extra}
 
 
 # --- g_rec two independent ways ---------------------------------------------------------------------------------
@@ -158,7 +152,7 @@ def known_split_error(cut: Cut = attention_inputs_detached, decomposition: Calla
 def builtin_controls(cut: Cut = attention_inputs_detached) -> list[dict[str, Any]]:
     """The model-independent control: the hand-built 2-block case."""
     k = known_split_error(cut)
-    return [control_row("<hand-built 2-block>", "known_split", k["error"], KNOWN_SPLIT_TOL,
+    return [threshold_row("<hand-built 2-block>", "known_split", k["error"], KNOWN_SPLIT_TOL,
                         "max(|g_att - g_known_att|, |g_rec - g_known_rec|) / |g| on a hand-built 2-block hybrid "
                         f"whose attention-path share is known ({k['share_expected']:.3f}; measured "
                         f"{k['share']:.3f}); fails if the cut leaves a path through attention open or cuts a "
@@ -167,7 +161,7 @@ def builtin_controls(cut: Cut = attention_inputs_detached) -> list[dict[str, Any
 
 # --- rows from computed tables ----------------------------------------------------------------------------------
 def loss_split_control(checkpoint: str, table: pd.DataFrame) -> dict[str, Any]:
-    return control_row(checkpoint, "loss_split", float(table.loss_split_residual.max()), SPLIT_TOL,
+    return threshold_row(checkpoint, "loss_split", float(table.loss_split_residual.max()), SPLIT_TOL,
                        "|g_state + g_recall - g_train| / |g_train|, g_train from the model's own loss: fails if "
                        "the state/recall split does not add up to the trainer's loss (it checks the loss split, "
                        "not the attention/recurrent split)")
@@ -176,7 +170,7 @@ def loss_split_control(checkpoint: str, table: pd.DataFrame) -> dict[str, Any]:
 def first_order_control(checkpoint: str, rows: pd.DataFrame) -> dict[str, Any]:
     """Measured loss change after the step against its first-order prediction (see ``lookahead``)."""
     value = float(rows.first_order_error.max()) if len(rows) else 0.0
-    return control_row(checkpoint, "lookahead_first_order", value, FIRST_ORDER_TOL,
+    return threshold_row(checkpoint, "lookahead_first_order", value, FIRST_ORDER_TOL,
                        "max |dL measured - dL first-order| / max over parts |dL first-order| after a real step: "
                        "fails if the gradient, the preconditioner or the step used for the prediction are not "
                        "the ones that change the loss")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -61,19 +61,6 @@ def attention_output_detached(model: HookedSequenceModel) -> Iterator[None]:
     stream."""
     with model.hooks(fwd_hooks=[(lambda n: n.endswith("hook_attn_out"), _detach)]):
         yield
-
-
-@contextlib.contextmanager
-def attention_gates(model: HookedSequenceModel, value: float | Sequence[float] | None) -> Iterator[None]:
-    """Within the block the gates are ``value`` (None: unchanged); the previous gates come back on exit."""
-    before = model.attention_gates()
-    if value is not None and before:
-        model.set_attention_gate(value)
-    try:
-        yield
-    finally:
-        if before:
-            model.set_attention_gate(before)
 
 
 def lstm_parameters(model: HookedSequenceModel) -> list[list[torch.nn.Parameter]]:

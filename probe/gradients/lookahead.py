@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from probe.checkpoint import Checkpoint
+from probe.core.seeds import LOOKAHEAD
 from probe.gradients.decomposition import (
     Cut,
     attention_inputs_detached,
@@ -40,9 +41,8 @@ from probe.models import HookedSequenceModel
 from probe.tasks import Batch, TaskConfig
 
 PARTS = ("att", "rec", "full")
-LOOKAHEAD_SEED_BASE = 9_000_000_000
-"""Lookahead batches come from seeds far from training (``seed * 1_000_003 + step``), evaluation and the
-interference batches (``8_000_000_000 + ...``)."""
+LOOKAHEAD_SEED_BASE = LOOKAHEAD
+"""Lookahead batches: the ``lookahead`` entry of ``probe.core.seeds``."""
 Z_SUPPORT = 2.0
 """|first-order change| / standard error above which a change counts as detected in the verdict."""
 

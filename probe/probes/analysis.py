@@ -11,12 +11,15 @@ import pandas as pd
 import torch
 
 from probe.checkpoint import Checkpoint
-from probe.evaluate import multiples
+from probe.core.lengths import multiples
+from probe.core.meta import variant_name
+from probe.core.progress import note, progress_iter
+from probe.core.rows import CONTROL, INSTRUMENT, labelled
+from probe.core.seeds import PROBES
 from probe.models import HookedSequenceModel
 from probe.probes.controls import MARGIN, control_target_rows, pooled, shuffled_labels_row
 from probe.probes.fit import (
     BANDS,
-    PROBE_SEED_BASE,
     Activations,
     band_mask,
     collect_activations,
@@ -126,7 +129,8 @@ def probe_model(
     subspace_hooks = [f"blocks.{i}.lstm.hook_{k}" for i in blocks for k in "hc"] if patching else []
     hooks += [h for h in subspace_hooks if h not in hooks]  # the subspace intervention edits these vectors
     rand = random_init_like(model, seed)
-    train_seed, test_seed = PROBE_SEED_BASE + seed * 1_000_000, PROBE_SEED_BASE + seed * 1_000_000 + 500_000
+    train_seed, test_seed = PROBES + seed * 1_000_000, PROBES + seed * 1_000_000 + 500_000
+    note(f"{name}: activations of {len(hooks)} hooks, trained and random-init model", progress)
     train = _training_data(model, task, hooks, n_train, n_train_beyond, train_seed, control, seed)
     rtrain = _training_data(rand, task, hooks, n_train, n_train_beyond, train_seed, control, seed)
     test = collect_activations(model, task, lengths, n_test, hooks, test_seed, control, seed)
@@ -138,11 +142,7 @@ def probe_model(
     test_bands = {b: band_mask(test.position, L, b) for b in BANDS}
     by_len, by_pos, bases = [], [], {}
     jobs = [(h, b) for h in hooks for b in TRAIN_BANDS + (("all",) if h in subspace_hooks else ())]
-    it: Iterable[tuple[str, str]] = jobs
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(jobs, desc=f"probes {name}", leave=False)
+    it: Iterable[tuple[str, str]] = progress_iter(jobs, f"probes {name}", progress)
     for hook, band in it:
         sel = band_mask(train.position, L, band)
         x, y = train.x(hook)[sel], train.labels[sel]
@@ -180,6 +180,8 @@ def probe_model(
     in_rows = by_length[(by_length.train_positions == "in") & (by_length.test_positions == "in")]
     best_in = str(in_rows.groupby("hook", sort=False).probe_acc.mean().reindex(hooks).idxmax())
     controls.append(shuffled_labels_row(train, test, best_in, L, seed))
+    if patching:
+        note(f"{name}: interventions on the LSTM state", progress)
     interventions, ctrl_rows = (interchange_intervention(model, task, lengths, n_patch, seed, bases=bases)
                                 if patching else (pd.DataFrame(), pd.DataFrame()))
     verdicts = verdict_rows(interventions, by_length, L) if not interventions.empty else pd.DataFrame()
@@ -240,12 +242,19 @@ def verdict_rows(interventions: pd.DataFrame, by_length: pd.DataFrame, train_len
     return pd.DataFrame(rows)
 
 
+CONTROL_KINDS = {"shuffled_labels": INSTRUMENT, "identity_patch": INSTRUMENT, "same_sum": CONTROL}
+"""Kinds of the probe rows: the control target (``<target>_target``, every other name) is a target a shortcut-taking
+model could decode instead, and the same-sum interchange a source that would move a model whose state is more than
+s_t: both could refute the claim (controls); shuffled labels (a pipeline that leaks labels) and the identity patch
+(patching machinery) check the method (instrument checks)."""
+
+
 def run_probes(ckpt: Checkpoint, device: torch.device | str = "cpu", **kw: Any) -> ProbeResult:
     """``probe_model`` on a checkpoint's model and its own task."""
     model = ckpt.build_model(device)
     result = probe_model(model, ckpt.task_config, name=str(ckpt.path or ckpt.name), **kw)
-    result.meta.update(family=ckpt.model_config.family, schedule=ckpt.schedule, step=ckpt.step,
-                       train_seed=ckpt.seed)
+    result.meta.update(family=ckpt.model_config.family, schedule=ckpt.schedule, label=variant_name(ckpt),
+                       step=ckpt.step, train_seed=ckpt.seed)
     return result
 
 
@@ -279,9 +288,10 @@ def headline(result: ProbeResult, factors: Sequence[int] = (2, 3)) -> dict[str, 
 
 
 def result_rows(result: ProbeResult, seed: int) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Tidy rows (SPEC section 9) of one result: ``(results, controls)``."""
+    """Tidy rows of one result: ``(results, controls)``; each control row has its ``kind`` (``CONTROL_KINDS``)."""
     base = {"checkpoint": result.checkpoint, "seed": seed, "family": result.meta.get("family"),
-            "schedule": result.meta.get("schedule"), "control_target": result.meta.get("control_target")}
+            "schedule": result.meta.get("schedule"), "label": result.meta.get("label"),
+            "control_target": result.meta.get("control_target")}
     rows = [{**base, "analysis": "probe", "scope": "length", "position_lo": None, "position_hi": None, **r}
             for r in result.by_length.to_dict("records")]
     rows += [{**base, "analysis": "probe", "scope": "position", **r} for r in result.by_position.to_dict("records")]
@@ -292,7 +302,7 @@ def result_rows(result: ProbeResult, seed: int) -> tuple[list[dict[str, Any]], l
         r = {k: v for k, v in r.items() if not (isinstance(v, float) and np.isnan(v))}
         # a column with gaps turns ints into floats in pandas; undo that for the integer fields
         controls.append({**base, **{k: int(v) if k in ("block", "length", "n") else v for k, v in r.items()}})
-    return rows, controls
+    return rows, labelled(controls, CONTROL_KINDS, default=CONTROL)
 
 
 def summary_table(result: ProbeResult) -> pd.DataFrame:

@@ -3,25 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import json
-from pathlib import Path
 from typing import Any
 
-from probe.checkpoint import load_checkpoint, resolve_checkpoints
-from probe.cli import add_common_args, envelope, resolve_device, run_cli, say
-from probe.errors import ProbeError
-from probe.evaluate import parse_lengths
-from probe.probes.analysis import headline, result_rows, run_probes, summary_table
-from probe.probes.fit import HOOK_SUFFIXES
-from probe.probes.plots import plot_compare, plot_heatmap, plot_position
-from probe.probes.targets import CONTROL_TARGETS
+from probe.cli import (
+    add_checkpoints,
+    add_common_args,
+    add_lengths,
+    add_samples,
+    add_threads,
+    envelope,
+    make_parser,
+    positive_int,
+    resolve_device,
+    run_cli,
+    say,
+    seed_and_threads,
+    write_outputs,
+)
+
+HOOK_SUFFIXES = ("lstm.hook_h", "lstm.hook_c", "hook_attn_out", "hook_resid_post")  # = probe.probes.fit's
+CONTROL_TARGETS = ("permuted", "history", "bigram")  # = probe.probes.targets' (a test checks both)
+"""Repeated here so that ``--help`` needs no import of the models."""
 
 DESCRIPTION = "Linear probes that decode the running sum s_t mod m, with controls, and interventions on the LSTM state."
 
 COLUMNS = """Position bands: in = t <= L_train, beyond = t > L_train, all. Length generalization: beyond only.
 
-JSON rows (results): checkpoint, seed, family, schedule, control_target, analysis ("probe" | "intervention" |
-"verdict").
+JSON rows (results): checkpoint, seed, family, schedule, label (the variant), control_target, analysis ("probe" |
+"intervention" | "verdict").
 Probe rows: scope ("length" | "position"), hook (a+b = one probe on the concatenated hooks), train_positions ("in":
 t <= L_train of length-L_train sequences; "beyond": L_train < t <= 3 L_train of held-out length-3 L_train sequences;
 "all": both, only for the LSTM-state hooks the subspace intervention edits), length, test_positions, factor (length
@@ -38,48 +47,56 @@ Verdict rows: block, length, test_positions, hook / probe_train_positions / prob
 the block's state), iia_full, same_sum_changed, iia_subspace, verdict ("decodable, used" needs the subspace
 interchange to move >= 0.5 of the answers and the same-sum source to change <= 0.02 of them; else "... state
 used, s_t not isolated" | "... used jointly" | "... not used").
-Controls (each with passed): control="<target>_target" (per train band, best hook at beyond positions:
+Controls (each with passed and kind: "control" for the control target and same_sum, "instrument" for
+shuffled_labels and identity_patch): control="<target>_target" (per train band, best hook at beyond positions:
 selectivity >= 0.2), "shuffled_labels" (best in-range hook, labels shuffled: acc < majority + 0.2),
 "identity_patch" (own state patched back in: nothing changes), "same_sum" (every LSTM block, per length: changed_frac
 <= 0.02)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m probe.probes", description=DESCRIPTION, epilog=COLUMNS,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoints", nargs="+", help="checkpoint files, directories of *.pt, or globs")
+    parser = make_parser("python -m probe.probes", DESCRIPTION, COLUMNS)
+    add_checkpoints(parser)
     parser.add_argument("--hooks", nargs="+", default=None,
                         help="hook names or suffixes (lstm.hook_h = every block's, one probe each; a+b = one probe on "
                              "the concatenation); default: every block's " + ", ".join(HOOK_SUFFIXES)
                              + " that exist, each LSTM block's h+c, every block's h, every block's h+c")
-    parser.add_argument("--lengths", default=None, help="test lengths, e.g. 25,50,75,100 or 10:100:10 "
-                                                        "(default 1x,2x,3x,4x the checkpoint's L_train)")
-    parser.add_argument("--n-train", type=int, default=200,
+    add_lengths(parser, "1x,2x,3x,4x the checkpoint's L_train")
+    add_samples(parser, 48, "test sequences per test length", aliases=["--n-test"])
+    parser.add_argument("--n-train", type=positive_int, default=200,
                         help="training sequences of length L_train, every position used (200)")
-    parser.add_argument("--n-train-beyond", type=int, default=100,
+    parser.add_argument("--n-train-beyond", type=positive_int, default=100,
                         help="held-out sequences of length 3 L_train whose positions t > L_train train the "
                              "beyond-range probes (100)")
-    parser.add_argument("--n-test", type=int, default=48, help="test sequences per test length (48)")
-    parser.add_argument("--n-patch", type=int, default=48, help="base sequences per patch position (48)")
+    parser.add_argument("--n-patch", type=positive_int, default=48, help="base sequences per patch position (48)")
     parser.add_argument("--control", default="permuted", choices=CONTROL_TARGETS,
                         help="control target: permuted (sum of pi(x_i) mod m, default), history or bigram "
                              "(Hewitt & Liang types)")
     parser.add_argument("--no-patching", action="store_true", help="skip the interventions")
+    add_threads(parser)
     add_common_args(parser)
     return parser
 
 
 def main_body(args: argparse.Namespace) -> dict[str, Any]:
+    from probe.checkpoint import load_checkpoint, resolve_checkpoints
+    from probe.core.lengths import multiples
+    from probe.memory import check_lengths
+    from probe.probes.analysis import headline, result_rows, run_probes, summary_table
+    from probe.probes.plots import plot_compare, plot_heatmap, plot_position
+
+    seed_and_threads(args)
     device = resolve_device(args.device)
-    lengths = parse_lengths(args.lengths) if args.lengths else None
-    if min(args.n_train, args.n_train_beyond, args.n_test, args.n_patch) < 1:
-        raise ProbeError("--n-train, --n-train-beyond, --n-test and --n-patch must be positive")
     paths = resolve_checkpoints(args.checkpoints)
+    ckpts = [load_checkpoint(path, map_location=device) for path in paths]  # every file checked before any work
+    for path, ckpt in zip(paths, ckpts, strict=True):
+        L = ckpt.task_config.train_length
+        check_lengths(ckpt.model_config, ckpt.task_config, [*(args.lengths or multiples(L)), 3 * L], device,
+                      name=str(path))
     results = []
-    for path in paths:
-        ckpt = load_checkpoint(path, map_location=device)
-        res = run_probes(ckpt, device, lengths=lengths, hooks=args.hooks, n_train=args.n_train,
-                         n_train_beyond=args.n_train_beyond, n_test=args.n_test, n_patch=args.n_patch,
+    for path, ckpt in zip(paths, ckpts, strict=True):
+        res = run_probes(ckpt, device, lengths=args.lengths, hooks=args.hooks, n_train=args.n_train,
+                         n_train_beyond=args.n_train_beyond, n_test=args.samples, n_patch=args.n_patch,
                          seed=args.seed, patching=not args.no_patching, control=args.control,
                          progress=not args.json)
         results.append(res)
@@ -108,13 +125,10 @@ def main_body(args: argparse.Namespace) -> dict[str, Any]:
         controls += c
     out = envelope("probes", [str(p) for p in paths], rows, controls)
     if args.out:
-        outdir = Path(args.out)
-        outdir.mkdir(parents=True, exist_ok=True)
-        (outdir / "probes.json").write_text(json.dumps(out))
-        for name, fig in (("probes_heatmap", plot_heatmap(results)), ("probes_position", plot_position(results)),
-                          ("probes_compare", plot_compare(results))):
-            fig.savefig(outdir / f"{name}.png", dpi=120)
-        say(args, f"wrote {outdir}/probes.json and figures probes_heatmap/position/compare.png")
+        write_outputs(args.out, out, {"probes_heatmap.png": plot_heatmap(results),
+                                      "probes_position.png": plot_position(results),
+                                      "probes_compare.png": plot_compare(results)})
+        say(args, f"wrote {args.out}/results.json and figures probes_heatmap/position/compare.png")
     return out
 
 

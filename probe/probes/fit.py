@@ -14,13 +14,14 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
+from probe.core.seeds import PROBES
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
 from probe.probes.targets import control_labels
 from probe.tasks import TaskConfig
 
-PROBE_SEED_BASE = 8_000_000_000
-"""Probe data come from seeds far from training (``seed * 1_000_003 + step``) and evaluation (7e9) seeds."""
+PROBE_SEED_BASE = PROBES
+"""Probe data: the ``probes`` entry of ``probe.core.seeds`` (it shares its value with ``gradients``; see there)."""
 
 HOOK_SUFFIXES = ("lstm.hook_h", "lstm.hook_c", "hook_attn_out", "hook_resid_post")
 """Default single hooks, in every block where they exist."""

@@ -12,13 +12,14 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from probe.core.seeds import PATCHING
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
 from probe.probes.fit import lstm_blocks
 from probe.tasks import Batch, TaskConfig
 
-PATCH_SEED_BASE = 9_000_000_000
-"""Patching batches come from seeds far from training (``seed * 1_000_003 + step``) and evaluation (7e9) seeds."""
+PATCH_SEED_BASE = PATCHING
+"""Patching pairs: the ``patching`` entry of ``probe.core.seeds`` (it shares its value with ``lookahead``)."""
 
 PATCH_FRACTIONS = (0.25, 0.5, 0.75)
 """Patch positions, as fractions of the stream length: early, middle and late states."""

@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
-from probe.attention import attention_controls
-from probe.checkpoint import resolve_checkpoints
-from probe.cli import add_common_args, envelope, resolve_device, run_cli, say, tidy
+from probe.cli import (
+    add_checkpoints,
+    add_common_args,
+    add_lengths,
+    add_samples,
+    add_threads,
+    envelope,
+    int_list,
+    lengths_arg,
+    make_parser,
+    positive_float,
+    positive_int,
+    resolve_device,
+    run_cli,
+    say,
+    seed_and_threads,
+    tidy,
+    write_outputs,
+)
 from probe.errors import ProbeError
-from probe.shortcuts.plots import report_figures
-from probe.shortcuts.positional import FLAG_THRESHOLD
-from probe.shortcuts.report import TESTS, analyze, drops_table, effects_table, pooled_rows, report_rows, summary_table
-from probe.shortcuts.runs import DEFAULT_RUNS
-from probe.shortcuts.sums import DEFAULT_KS
+
+DEFAULT_KS = (3, 10)  # = probe.shortcuts.sums.DEFAULT_KS
+DEFAULT_RUNS = (25, 50, 75)  # = probe.shortcuts.runs.DEFAULT_RUNS
+FLAG_THRESHOLD = 0.1  # = probe.shortcuts.positional.FLAG_THRESHOLD
+"""Repeated here so that ``--help`` needs no import of the models (a test checks that they agree)."""
 
 DESCRIPTION = ("Shortcut tests per checkpoint: attention knock-out, sum-preserving perturbation, identity run, "
                "positional offset (and position dependence), window test and attention diagnostics, with controls.")
@@ -44,59 +57,86 @@ applicable, reason, n_sequences, n_answers, and mostly baseline_acc and acc:
   head / entropy: attention statistics per head (probe.attention); N/A without attention;
   run_time: seconds of analyze() for the checkpoint;
   *_pooled (labels with several checkpoints): effect averaged over them, Student-t CI over seeds.
-controls rows: checkpoint, control, value, expected, passed."""
+controls rows: checkpoint, control, kind (instrument: each checks a test on an oracle or an identity), value,
+expected, passed."""
 
 
-def _ints(spec: str | None, what: str, minimum: int = 0) -> list[int] | None:
-    if spec is None:
-        return None
-    try:
-        out = [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError:
-        raise ProbeError(f"bad {what} {spec!r}: use a comma list of integers such as 1,5,12") from None
-    if not out or min(out) < minimum:
-        raise ProbeError(f"bad {what} {spec!r}: use integers >= {minimum}")
-    return out
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser("python -m probe.shortcuts", DESCRIPTION, HELP_JSON)
+    add_checkpoints(parser)
+    add_lengths(parser, "1x-4x L_train")
+    add_samples(parser, 256, "sequences per length (at least 2: an interval needs two)", aliases=["--sequences"])
+    parser.add_argument("--sum-ks", type=int_list(2), default=None,
+                        help="sum-preserving spans k (default " + ",".join(map(str, DEFAULT_KS)) + ")")
+    parser.add_argument("--runs", type=int_list(1), default=None,
+                        help="identity-run lengths r (default " + ",".join(map(str, DEFAULT_RUNS)) + ")")
+    parser.add_argument("--offsets", type=int_list(1), default=None,
+                        help="position offsets k in [1, L_train) (default 1,L/5,L/2)")
+    parser.add_argument("--window-ks", type=int_list(0), default=None,
+                        help="window test k values (default 0,2,8,16,... < L-1)")
+    parser.add_argument("--window-length", type=positive_int, default=None,
+                        help="stream length of the window test (L_train)")
+    parser.add_argument("--window-samples", type=positive_int, default=256,
+                        help="sequences for the window test (256)")
+    parser.add_argument("--entropy-lengths", type=lengths_arg, default=None,
+                        help="lengths for entropy vs length, in the --lengths grammar (L/2,L,2L,3L,4L)")
+    parser.add_argument("--threshold", type=positive_float, default=FLAG_THRESHOLD,
+                        help=f"flag when the offset score exceeds this (default {FLAG_THRESHOLD})")
+    add_threads(parser)
+    add_common_args(parser)
+    return parser
+
+
+def _lengths_used(task: Any, args: argparse.Namespace) -> list[int]:
+    """Every stream length the tests will run at, for the memory check before any work."""
+    from probe.core.lengths import multiples
+
+    L = task.train_length
+    runs = args.runs or DEFAULT_RUNS
+    return [*(args.lengths or multiples(L)), *(args.entropy_lengths or [4 * L]), args.window_length or L,
+            L + max(runs), 2 * L]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probe.shortcuts", description=DESCRIPTION, epilog=HELP_JSON,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoints", nargs="+", help="checkpoint files, directories of *.pt, or globs")
-    parser.add_argument("--sequences", type=int, default=256, help="sequences per length (default 256)")
-    parser.add_argument("--lengths", default=None, help="stream lengths, comma list (default 1x-4x L_train)")
-    parser.add_argument("--sum-ks", default=None, help="sum-preserving spans k (default "
-                        + ",".join(map(str, DEFAULT_KS)) + ")")
-    parser.add_argument("--runs", default=None, help="identity-run lengths r (default "
-                        + ",".join(map(str, DEFAULT_RUNS)) + ")")
-    parser.add_argument("--offsets", default=None, help="position offsets k in [1, L_train) (default 1,L/5,L/2)")
-    parser.add_argument("--window-ks", default=None, help="window test k values (default 0,2,8,16,... < L-1)")
-    parser.add_argument("--window-length", type=int, default=None, help="stream length of the window test (L_train)")
-    parser.add_argument("--window-samples", type=int, default=256, help="sequences for the window test (256)")
-    parser.add_argument("--entropy-lengths", default=None, help="lengths for entropy vs length (L/2,L,2L,3L,4L)")
-    parser.add_argument("--threshold", type=float, default=FLAG_THRESHOLD,
-                        help=f"flag when the offset score exceeds this (default {FLAG_THRESHOLD})")
-    add_common_args(parser)
-
     def body(args: argparse.Namespace) -> dict[str, Any]:
-        paths = resolve_checkpoints(args.checkpoints)
+        import pandas as pd
+
+        from probe.attention import attention_controls
+        from probe.checkpoint import load_checkpoint, resolve_checkpoints
+        from probe.core.rows import labelled
+        from probe.memory import check_lengths
+        from probe.shortcuts.report import (
+            analyze,
+            drops_table,
+            effects_table,
+            pooled_rows,
+            report_rows,
+            summary_table,
+        )
+
+        if args.samples < 2:
+            raise ProbeError("--samples must be at least 2 (an interval needs two)")
+        seed_and_threads(args)
         device = resolve_device(args.device)
-        if args.sequences < 2 or args.window_samples < 1:
-            raise ProbeError("--sequences must be at least 2 (an interval needs two) and --window-samples positive")
-        kw = dict(n_sequences=args.sequences, lengths=_ints(args.lengths, "--lengths", 1),
-                  sum_ks=_ints(args.sum_ks, "--sum-ks", 2) or DEFAULT_KS, runs=_ints(args.runs, "--runs", 1)
-                  or DEFAULT_RUNS, offsets=_ints(args.offsets, "--offsets", 1),
-                  window_ks=_ints(args.window_ks, "--window-ks"), window_length=args.window_length,
-                  window_samples=args.window_samples, entropy_lengths=_ints(args.entropy_lengths,
-                                                                            "--entropy-lengths", 1),
-                  threshold=args.threshold)
+        paths = resolve_checkpoints(args.checkpoints)
+        ckpts = [load_checkpoint(p) for p in paths]  # every file and length is checked before any work
+        for path, ckpt in zip(paths, ckpts, strict=True):
+            check_lengths(ckpt.model_config, ckpt.task_config, _lengths_used(ckpt.task_config, args), device,
+                          name=str(path))
+        kw = dict(n_sequences=args.samples, lengths=args.lengths, sum_ks=args.sum_ks or DEFAULT_KS,
+                  runs=args.runs or DEFAULT_RUNS, offsets=args.offsets, window_ks=args.window_ks,
+                  window_length=args.window_length, window_samples=args.window_samples,
+                  entropy_lengths=args.entropy_lengths, threshold=args.threshold)
         reports = []
-        for path in paths:
+        for path, ckpt in zip(paths, ckpts, strict=True):
             say(args, f"analysing {path} ...")
-            reports.append(analyze(path, device, args.seed, progress=not args.json, **kw))
+            reports.append(analyze(ckpt, device, args.seed, progress=not args.json, **kw))
         rows = [row for r in reports for row in report_rows(r)] + pooled_rows(reports)
         controls = [{"checkpoint": r.checkpoint, **c} for r in reports for c in r.controls]
         controls += [{"checkpoint": "synthetic patterns", **c} for c in attention_controls()]
+        # every shortcut row checks the instrument: an oracle built to take (or not take) the shortcut, an identity
+        # perturbation, the gates left as found; the tests themselves are the experiments on the checkpoint
+        controls = labelled(controls, {})
         with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_rows", 500):
             say(args, "\n" + summary_table(reports).to_string(index=False))
             say(args, "\neffect [95% CI] by length (knock-out, identity run: accuracy drop; sum-preserving: fraction "
@@ -116,17 +156,21 @@ def main(argv: list[str] | None = None) -> int:
         result = envelope("shortcuts", [str(p) for p in paths], rows, controls)
         if args.out:
             _save(Path(args.out), result, reports)
-            say(args, f"wrote shortcuts.json, tests.csv, window.csv, attention.csv, controls.csv and figures in "
+            say(args, f"wrote results.json, tests.csv, window.csv, attention.csv, controls.csv and figures in "
                 f"{args.out}")
         return result
 
-    return run_cli(parser, body, argv)
+    return run_cli(build_parser(), body, argv)
 
 
 def _save(out: Path, result: dict[str, Any], reports: list) -> None:
-    """The JSON, CSV extracts of it (one per kind of row) and every figure."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "shortcuts.json").write_text(json.dumps(result, indent=1))
+    """``results.json``, CSV extracts of it (one per kind of row) and every figure."""
+    import pandas as pd
+
+    from probe.shortcuts.plots import report_figures
+    from probe.shortcuts.report import TESTS
+
+    write_outputs(out, result, {f"{name}.png": fig for name, fig in report_figures(reports).items()}, dpi=150)
     rows = pd.DataFrame(tidy(result["results"]))
     kinds = {"tests": [*TESTS, *(f"{t}_pooled" for t in TESTS), "run_time"], "window": ["window", "window_score"],
              "attention": ["head", "entropy"]}
@@ -134,8 +178,3 @@ def _save(out: Path, result: dict[str, Any], reports: list) -> None:
         part = rows[rows.test.isin(tests)].dropna(axis=1, how="all")
         part.to_csv(out / f"{name}.csv", index=False, float_format="%.4f")
     pd.DataFrame(result["controls"]).to_csv(out / "controls.csv", index=False, float_format="%.4f")
-    import matplotlib.pyplot as plt
-
-    for name, fig in report_figures(reports).items():
-        fig.savefig(out / f"{name}.png", dpi=150)
-        plt.close(fig)

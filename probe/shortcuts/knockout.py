@@ -4,40 +4,21 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pandas as pd
 import torch
 
-from probe.shortcuts.common import (
-    Forward,
-    Sampled,
-    baselines,
-    counts,
-    default_lengths,
-    drop_row,
-    na_row,
-    predict,
-    progress_iter,
-)
+from probe.core.gates import attention_gates
+from probe.core.lengths import multiples
+from probe.core.progress import progress_iter
+from probe.shortcuts.effects import drop_row, na_row
 from probe.shortcuts.oracles import GatedRecall
+from probe.shortcuts.sampling import DEFAULT_FACTORS, Forward, Sampled, baselines, counts, predict
 from probe.tasks import SUBTASKS, TaskConfig
 
 TEST = "attention_knockout"
-
-
-@contextmanager
-def attention_gates(model: Any, values: float | Sequence[float]) -> Iterator[None]:
-    """Set the attention gates for the duration of a block and restore the previous ones on exit, even on an
-    exception (a gate left at 0 would silently turn every later analysis into the LSTM-only model's)."""
-    before = model.attention_gates()
-    try:
-        model.set_attention_gate(values)
-        yield
-    finally:
-        model.set_attention_gate(before)
 
 
 def knockout_configs(model: Any) -> list[tuple[str, list[float]]]:
@@ -54,7 +35,7 @@ def attention_knockout(model: Forward, task: TaskConfig, lengths: Sequence[int] 
     effect (= baseline_acc - acc), ci_low, ci_high`` (paired bootstrap over sequences), ``n_sequences, n_answers,
     applicable, reason``. ``model`` needs ``attention_gates()`` / ``set_attention_gate()``; a model without
     attention gets one not-applicable row per length and subtask."""
-    lengths = [int(x) for x in (lengths or default_lengths(task))]
+    lengths = [int(x) for x in (lengths or multiples(task.train_length, DEFAULT_FACTORS))]
     cfg = getattr(model, "cfg", None)
     if cfg is None or not cfg.has_attention:
         family = getattr(cfg, "family", "this")

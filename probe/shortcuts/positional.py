@@ -15,21 +15,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from probe.core.chance import chance
+from probe.core.progress import progress_iter
+from probe.core.seeds import SHORTCUT_POSITIONAL
+from probe.core.stats import bootstrap_ci
 from probe.errors import ProbeError
-from probe.shortcuts.common import (
-    Forward,
-    Sampled,
-    baselines,
-    bootstrap_ci,
-    chance,
-    counts,
-    device_of,
-    drop_row,
-    na_row,
-    predict,
-    progress_iter,
-)
+from probe.shortcuts.effects import drop_row, na_row
 from probe.shortcuts.oracles import position_limited, tracker
+from probe.shortcuts.sampling import Forward, Sampled, baselines, counts, device_of, predict
 from probe.tasks import SUBTASKS, TaskConfig
 
 FLAG_THRESHOLD = 0.1
@@ -38,7 +31,7 @@ this fraction of its above-chance accuracy (mean over offsets)."""
 MIN_SKILL = 0.1
 """A subtask counts as learned (and enters the score) when its baseline accuracy is this far above chance."""
 METHODS = ("index", "pad")
-_SEED = 8_600_000_000
+_SEED = SHORTCUT_POSITIONAL
 
 
 @dataclass(frozen=True)

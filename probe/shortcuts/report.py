@@ -14,7 +14,9 @@ import torch
 
 from probe.attention import entropy_vs_length, head_diagnostics
 from probe.checkpoint import Checkpoint, load_checkpoint
-from probe.shortcuts.common import baselines, default_lengths, mean_ci
+from probe.core.lengths import multiples
+from probe.core.meta import variant_name
+from probe.core.stats import t_interval
 from probe.shortcuts.knockout import attention_knockout, knockout_controls
 from probe.shortcuts.positional import (
     FLAG_THRESHOLD,
@@ -25,6 +27,7 @@ from probe.shortcuts.positional import (
     positional_tests,
 )
 from probe.shortcuts.runs import DEFAULT_RUNS, identity_run, identity_run_controls
+from probe.shortcuts.sampling import DEFAULT_FACTORS, baselines
 from probe.shortcuts.sums import DEFAULT_KS, sum_preserving, sum_preserving_controls
 from probe.shortcuts.window import WindowResult, window_controls, window_test
 
@@ -77,7 +80,7 @@ def analyze(ckpt: Checkpoint | str | Path, device: torch.device | str = "cpu", s
         ckpt = load_checkpoint(ckpt)
     model = ckpt.build_model(device)
     task = ckpt.task_config
-    lengths = [int(x) for x in (lengths or default_lengths(task))]
+    lengths = [int(x) for x in (lengths or multiples(task.train_length, DEFAULT_FACTORS))]
     offsets = default_offsets(task) if offsets is None else [int(k) for k in offsets]
     gates = model.attention_gates() if model.cfg.has_attention else []
     torch.manual_seed(seed)
@@ -106,7 +109,7 @@ def analyze(ckpt: Checkpoint | str | Path, device: torch.device | str = "cpu", s
         controls.append({"control": "gates_unchanged_by_analysis", "value": str(model.attention_gates()),
                          "expected": f"== {gates}", "passed": model.attention_gates() == gates})
     name = str(ckpt.path) if ckpt.path else "<memory>"
-    return ShortcutReport(name, ckpt.label, ckpt.seed, model.cfg.family, model.cfg.pos_encoding, knockout,
+    return ShortcutReport(name, variant_name(ckpt), ckpt.seed, model.cfg.family, model.cfg.pos_encoding, knockout,
                           summed.table, run.table, positional, window, heads, entropy, attention_reason, controls,
                           time.perf_counter() - t0)
 
@@ -144,7 +147,8 @@ def pooled_rows(reports: Sequence[ShortcutReport]) -> list[dict[str, Any]]:
         frame = pd.concat([m.tests for m in members], ignore_index=True)
         keys = [k for k in _KEYS if k in frame.columns]
         for key, part in frame.groupby(keys, dropna=False, sort=False):
-            mean, lo, hi = mean_ci(list(part.effect))
+            ci = t_interval(list(part.effect))
+            mean, lo, hi = ci.estimate, ci.low, ci.high
             rows.append({"checkpoint": f"{label} (pooled over {len(members)} checkpoints)", "label": label,
                          **{k: (None if isinstance(v, float) and math.isnan(v) else v)
                             for k, v in zip(keys, key, strict=True)},

@@ -11,19 +11,11 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from probe.core.progress import progress_iter
 from probe.errors import ProbeError
-from probe.shortcuts.common import (
-    FLAG_EFFECT,
-    Forward,
-    Sampled,
-    baselines,
-    counts,
-    drop_row,
-    na_row,
-    predict,
-    progress_iter,
-)
+from probe.shortcuts.effects import FLAG_EFFECT, drop_row, na_row
 from probe.shortcuts.oracles import forgetful, tracker
+from probe.shortcuts.sampling import Forward, Sampled, baselines, counts, predict
 from probe.tasks import SUBTASKS, Batch, TaskConfig
 
 TEST = "identity_run"

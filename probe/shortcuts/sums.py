@@ -12,27 +12,21 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from probe.core.lengths import multiples
+from probe.core.progress import progress_iter
+from probe.core.seeds import SHORTCUT_SUMS
+from probe.core.stats import wilson
 from probe.errors import ProbeError
-from probe.shortcuts.common import (
-    FLAG_EFFECT,
-    Forward,
-    Sampled,
-    baselines,
-    default_lengths,
-    last_state_answer,
-    na_row,
-    predict,
-    progress_iter,
-    wilson,
-)
+from probe.shortcuts.effects import FLAG_EFFECT, na_row
 from probe.shortcuts.oracles import tracker, windowed
+from probe.shortcuts.sampling import DEFAULT_FACTORS, Forward, Sampled, baselines, last_state_answer, predict
 from probe.tasks import Batch, TaskConfig
 
 TEST = "sum_preserving"
 DEFAULT_KS = (3, 10)
 """Spans (positions before and at the answer) that hold both moved numbers: a short-range and a longer local
 shortcut."""
-_PERTURB_SEED = 8_500_000_000
+_PERTURB_SEED = SHORTCUT_SUMS
 
 
 @dataclass
@@ -124,7 +118,7 @@ def sum_preserving(forward: Forward, task: TaskConfig, lengths: Sequence[int] | 
     ``flagged`` (ci_low > FLAG_EFFECT), ``baseline_acc, acc`` (on the unchanged label), ``changed_if_right`` (the
     fraction among the ``n_right`` answers that were right before), ``n_sequences`` (perturbed), ``n_skipped``
     (fewer than two numbers in the span), ``applicable, reason``."""
-    lengths = [int(x) for x in (lengths or default_lengths(task))]
+    lengths = [int(x) for x in (lengths or multiples(task.train_length, DEFAULT_FACTORS))]
     if task.name == "recall":
         return SumPreservingResult(pd.DataFrame([{"test": TEST, "length": L, "k": k, "subtask": "state", **na_row(
             "not applicable: the recall task asks no state questions")} for L in lengths for k in ks]), 0, "ok")

@@ -12,11 +12,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.shortcuts.common import Forward, chance, last_state_answer, predict
+from probe.core.chance import chance
+from probe.core.seeds import SHORTCUT_WINDOW
 from probe.shortcuts.oracles import tracker, windowed
+from probe.shortcuts.sampling import Forward, last_state_answer, predict
 from probe.tasks import TaskConfig
 
-WINDOW_SEED_BASE = 8_300_000_000
+WINDOW_SEED_BASE = SHORTCUT_WINDOW
 MIN_SKILL = 0.1
 
 

@@ -1,0 +1,1 @@
+"""What every analysis shares, one concern a module: gates, meta, seeds, rows, lengths, chance, batches, stats."""

@@ -1,0 +1,42 @@
+"""Lengths: multiples of the training length, and the one grammar every ``--lengths`` flag reads."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from probe.errors import ProbeError
+
+GRAMMAR = "a comma list (25,75), an inclusive range START:STOP (1:100) or START:STOP:STEP (1:400:25)"
+
+
+def multiples(train_length: int, factors: Sequence[int] = (1, 2, 3, 4)) -> list[int]:
+    """``factor x train_length`` for each factor: the lengths an analysis reports by default."""
+    return [int(f) * int(train_length) for f in factors]
+
+
+def up_to(train_length: int, factor: int = 4) -> list[int]:
+    """Every length from 1 to ``factor x train_length``: a whole accuracy-vs-length curve."""
+    return list(range(1, factor * train_length + 1))
+
+
+def parse_lengths(spec: str, flag: str = "--lengths") -> list[int]:
+    """``"25,75"``, ``"1:100"`` (inclusive) or ``"1:400:25"`` as a list of positive lengths."""
+    usage = f"use {GRAMMAR}"
+    if not spec.strip():
+        raise ProbeError(f"empty {flag}: {usage}")
+    try:
+        if ":" in spec:
+            parts = [int(p) for p in spec.split(":")]
+            if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] < 1):
+                raise ValueError
+            start, stop, step = parts[0], parts[1], parts[2] if len(parts) == 3 else 1
+            out = list(range(start, stop + 1, step))
+            if not out:
+                raise ProbeError(f"bad {flag} {spec!r}: an empty range (START is after STOP)")
+        else:
+            out = [int(p) for p in spec.split(",") if p.strip()]
+    except ValueError:
+        raise ProbeError(f"bad {flag} {spec!r}: {usage}") from None
+    if not out or min(out) < 1:
+        raise ProbeError(f"bad {flag} {spec!r}: lengths must be positive integers")
+    return out
