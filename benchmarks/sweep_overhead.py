@@ -5,6 +5,10 @@ Usage: ``python benchmarks/sweep_overhead.py [--steps 40] [--jobs 2]``. Each exe
 directory, so imports, worker start-up, training, evaluation and aggregation all count; the order alternates over
 ``--repeats`` so that machine noise hits both alike. Prints each wall time, the ratio ray / local and Ray's
 start-up (``ray.init`` of a local instance, as the sweep reports it).
+
+``--evaluation``: instead, one run of the real ``lstm`` preset for a few steps, evaluated as a full sweep does
+(256 sequences at every length up to 4x) and with ``--quick``; prints each run's training and evaluation time from
+its log, which is where a short smoke-test sweep spends its time.
 """
 
 from __future__ import annotations
@@ -35,12 +39,33 @@ def sweep(executor: str, out: Path, steps: int, jobs: int) -> tuple[float, float
     return wall, float(startup.group(1)) if startup else None
 
 
+def evaluation_cost(out: Path, steps: int, quick: bool) -> tuple[float, str]:
+    """Wall time of a one-run sweep of the real lstm preset, and its log's evaluation line."""
+    cmd = [sys.executable, "-m", "probe.sweep", "--preset", "lstm", "--seeds", "0", "--steps", str(steps),
+           "--out", str(out), "--jobs", "1", "--no-progress", "--no-figure", *(["--quick"] if quick else [])]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        sys.exit(f"sweep failed:\n{proc.stderr}")
+    line = next(ln for ln in (out / "lstm" / "seed0" / "train.log").read_text().splitlines()
+                if ln.startswith("evaluated "))
+    return wall, line
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--evaluation", action="store_true", help="time a short run's evaluation, full and --quick")
     args = parser.parse_args()
+    if args.evaluation:
+        with tempfile.TemporaryDirectory() as tmp:
+            for quick in (True, False):
+                wall, line = evaluation_cost(Path(tmp) / f"q{int(quick)}", min(args.steps, 12), quick)
+                print(f"{'--quick' if quick else 'default'}: sweep {wall:.1f} s; {line}")
+        return
     walls: dict[str, list[float]] = {"local": [], "ray": []}
     startups = []
     with tempfile.TemporaryDirectory() as tmp:

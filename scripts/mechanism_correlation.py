@@ -5,7 +5,8 @@ runs/mechanism/joint/seedS/trajectory/step_000{250,500,750,1000}.pt --json``
 ``> results/gradients/mechanism_joint_seedS.json`` (full trajectories work too).
 For each seed: the mean over steps 250-1000 of the attention path's
 share of the LSTM weights' gradient (‖g_att‖ / ‖g‖, all blocks, L_train) and of the lookahead's z for a step along
--g_att on the 3x state loss, against the final state accuracy at 3x L_train (its eval.json). Spearman's rank
+-g_att on the 3x state loss, against the final state accuracy at 3x L_train (the mechanism grid, read through
+``probe.results``: run folders or the committed compact form). Spearman's rank
 correlation with an exact permutation p over seeds; with n = 5 seeds no claim beyond its sign is made.
 """
 
@@ -19,23 +20,24 @@ import numpy as np
 import pandas as pd
 from scipy.stats import permutation_test, spearmanr
 
+from probe.results import load_grid
+
 ROOT = Path(__file__).resolve().parent.parent
 EARLY = (250, 500, 750, 1000)
 
 
 def per_seed() -> pd.DataFrame:
     rows = []
+    finals = load_grid(ROOT / "results" / "mechanism").runs.set_index("run")
     for path in sorted((ROOT / "results" / "gradients").glob("mechanism_joint_seed*.json")):
         seed = int(path.stem.rsplit("seed", 1)[1])
         frame = pd.DataFrame(json.loads(path.read_text())["results"])
         early = frame[frame.step.isin(EARLY)]
         share = early[(early.analysis == "interference") & (early.block.astype(str) == "all") & (early.length == 25)]
         verdict = early[early.analysis == "lookahead_verdict"]
-        ev = ROOT / "results" / "mechanism" / "joint" / f"seed{seed}" / "eval.json"
-        if not ev.exists() or share.empty:
+        if f"joint/seed{seed}" not in finals.index or share.empty:
             continue
-        acc = next(r["token_acc"] for r in json.loads(ev.read_text())["results"]
-                   if r.get("length") == 75 and r.get("subtask") == "state")
+        acc = finals.loc[f"joint/seed{seed}", "state_acc_3x"]
         rows.append({"seed": seed, "att_share_early": share.att_ratio.mean(),
                      "z_state_3x_att_early": verdict.z_state_3x_att.mean() if len(verdict) else np.nan,
                      "state_acc_3x": acc, "snapshots": int(share.step.nunique())})
@@ -63,7 +65,8 @@ def main() -> None:
             out["correlations"].append(row)
             print(f"{col} vs state_acc_3x: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                                                             for k, v in row.items() if k != "quantity"))
-    (ROOT / "results" / "mechanism" / "correlation.json").write_text(json.dumps(out, indent=1, default=float) + "\n")
+    text = json.dumps(out, separators=(",", ":"), default=float)
+    (ROOT / "results" / "mechanism" / "correlation.json").write_text(text + "\n")
 
 
 if __name__ == "__main__":

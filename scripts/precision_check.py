@@ -3,14 +3,15 @@
 For ``hybrid-joint`` and ``hybrid-dat``, seeds 0-4, both trained on this machine's CPU from the same seed (same
 initial weights, same batches, same evaluation sequences):
 
-- fp32 with default AdamW: ``results/precision/{joint,dat}-fp32/seedS/eval.json`` (``sweeps/precision.toml``);
-- bf16 autocast with fused AdamW: ``results/mechanism/{joint,dat}/seedS/eval.json`` (``sweeps/mechanism.toml``).
+- fp32 with default AdamW: the ``joint-fp32``/``dat-fp32`` runs of ``results/precision/`` (``sweeps/precision.toml``);
+- bf16 autocast with fused AdamW: the ``joint``/``dat`` runs of ``results/mechanism/`` (``sweeps/mechanism.toml``).
 
-Prints state and recall token accuracy at 1x-4x per seed and pair, and a paired test over seeds of the 3x state
-accuracy: the exact sign-flip permutation test of the mean difference (``scipy.stats.permutation_test`` with
-``permutation_type="samples"``, which enumerates all 2^n sign patterns when n is small; with 5 pairs the smallest
-two-sided p is 2/32 = 0.0625, so "no detectable difference" is all five seeds can say, never "equal"). Also the
-Spearman correlation of the pairs: whether a seed that does well in one precision does well in the other.
+Both grids are read through ``probe.results`` (run folders or the committed compact form). Prints state and recall
+token accuracy at 1x-4x per seed and pair, and a paired test over seeds of the 3x state accuracy: the exact
+sign-flip test of the mean difference over all 2^n sign patterns (``probe.core.stats.sign_flip_p``; with 5 pairs
+the smallest two-sided p is 2/32 = 0.0625, so "no difference detected" is all five seeds can say, never "equal")
+and the paired t interval of the difference. Also the Spearman correlation of the pairs: whether a seed that does
+well in one precision does well in the other.
 
 Usage: ``python scripts/precision_check.py`` → prints the tables, writes ``results/precision_check.json`` and
 ``results/precision/precision_3x.png``.
@@ -26,38 +27,42 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from probe.core.stats import describe_difference, paired_interval, sign_flip_p, sign_flip_p_min
+from probe.results import load_grid
+
 ROOT = Path(__file__).resolve().parent.parent
 LENGTHS = (25, 50, 75, 100)
 SOURCES = {"fp32": ("precision", "{v}-fp32"), "bf16+fused": ("mechanism", "{v}")}
 VARIANTS = {"joint": "hybrid-joint", "dat": "hybrid-dat"}
 
 
-def load_rows() -> pd.DataFrame:
+def load_rows(root: Path = ROOT / "results") -> pd.DataFrame:
     rows = []
+    grids = {name: load_grid(root / name) for name in {grid for grid, _ in SOURCES.values()}}
     for variant in VARIANTS:
         for precision, (grid, pattern) in SOURCES.items():
-            for ev in sorted((ROOT / "results" / grid / pattern.format(v=variant)).glob("seed*/eval.json")):
-                for r in json.loads(ev.read_text())["results"]:
-                    if r.get("length") in LENGTHS and r.get("subtask") in ("state", "recall"):
-                        rows.append({"variant": variant, "precision": precision, "seed": r["seed"],
-                                     "subtask": r["subtask"], "length": r["length"], "token_acc": r["token_acc"]})
+            c = grids[grid].curves
+            part = c[(c.variant == pattern.format(v=variant)) & c.length.isin(LENGTHS)
+                     & c.subtask.isin(["state", "recall"])]
+            rows += [{"variant": variant, "precision": precision, "seed": int(r.seed), "subtask": r.subtask,
+                      "length": int(r.length), "token_acc": r.token_acc} for r in part.itertuples()]
     if not rows:
-        raise SystemExit("no eval.json under results/precision or results/mechanism: run the two sweeps first")
+        raise SystemExit("no runs in results/precision or results/mechanism: run the two sweeps first")
     return pd.DataFrame(rows)
 
 
 def paired_test(fp32: np.ndarray, bf16: np.ndarray) -> dict:
-    """Exact sign-flip permutation test of mean(bf16 - fp32) over seeds, and the pairs' rank correlation."""
+    """Exact sign-flip test of mean(bf16 - fp32) over seeds, the paired t interval, and the pairs' rank
+    correlation."""
     diff = bf16 - fp32
-    res = stats.permutation_test((bf16, fp32), lambda a, b, axis: np.mean(a - b, axis=axis),
-                                 permutation_type="samples", alternative="two-sided", n_resamples=100_000)
+    ci = paired_interval(bf16, fp32)
+    p = sign_flip_p(diff)
     rho = stats.spearmanr(fp32, bf16).statistic if len(diff) > 2 else float("nan")
-    # how large a systematic shift the pairs leave room for: the paired t interval of the mean difference
-    ci = stats.ttest_rel(bf16, fp32).confidence_interval(0.95)
     return {"n_pairs": len(diff), "mean_fp32": fp32.mean(), "mean_bf16": bf16.mean(), "mean_difference": diff.mean(),
             "difference_ci95_t": [float(ci.low), float(ci.high)],
-            "differences": diff.tolist(), "p_paired_permutation": float(res.pvalue),
-            "smallest_attainable_p": 2 / 2 ** len(diff), "spearman_pairs": float(rho)}
+            "differences": diff.tolist(), "p_paired_permutation": float(p),
+            "smallest_attainable_p": sign_flip_p_min(len(diff)), "spearman_pairs": float(rho),
+            "verdict": describe_difference(ci, p)}
 
 
 def plot(pairs: pd.DataFrame, out: Path) -> None:
@@ -103,12 +108,13 @@ def main() -> None:
               f"{100 * test['difference_ci95_t'][0]:+.1f}, {100 * test['difference_ci95_t'][1]:+.1f}] "
               f"(per seed {', '.join(f'{100 * d:+.1f}' for d in test['differences'])}); exact paired permutation "
               f"p = {test['p_paired_permutation']:.3f} (smallest attainable {test['smallest_attainable_p']:.4f}); "
-              f"Spearman of the pairs {test['spearman_pairs']:+.2f}")
+              f"Spearman of the pairs {test['spearman_pairs']:+.2f}; {test['verdict']}")
     plot(pairs, ROOT / "results" / "precision" / "precision_3x.png")
-    out = {"fp32": "results/precision/{joint,dat}-fp32 (sweeps/precision.toml)",
-           "bf16+fused": "results/mechanism/{joint,dat} (sweeps/mechanism.toml)",
-           "per_seed": frame.to_dict("records"), "tests": tests}
-    (ROOT / "results" / "precision_check.json").write_text(json.dumps(out, indent=1) + "\n")
+    out = {"fp32": "results/precision, variants {joint,dat}-fp32 (sweeps/precision.toml)",
+           "bf16+fused": "results/mechanism, variants {joint,dat} (sweeps/mechanism.toml)",
+           "tests": tests}  # the per-seed values are in the grids' runs.jsonl
+    (ROOT / "results" / "precision_check.json").write_text(
+        json.dumps(out, separators=(",", ":"), default=float) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,57 +1,54 @@
-"""Evaluate the reproduction runs and copy what is shipped into ``checkpoints/`` and ``results/``.
+"""Ship the reproduction: checkpoints into ``checkpoints/``, the runs' evaluations into ``results/``.
 
 Usage: ``python scripts/ship.py [--runs runs/] [--joint-runs runs/precision/joint-fp32]`` after
 ``python scripts/reproduce.py``. Writes ``checkpoints/<preset>.pt`` (weights only: seed 0, except ``hybrid-joint``,
 whose seed is the median of its runs' state accuracy at 3x L_train, from ``--joint-runs`` if given, so that the
 analyses see a typical joint run, not its luckiest), ``checkpoints/trajectories/<preset>/`` (hybrid presets, a
-subset of the snapshots), ``results/evaluate.json`` and ``results/accuracy_vs_length.png`` (all seeds, lengths 1..100),
-``results/runs.json`` (wall time and steps per second of every run) and prints the README table.
+subset of the snapshots; ``scripts/regenerate_trajectories.py`` remakes them from the shipped checkpoints), and the
+reproduction grid in compact form, ``results/reproduction/`` (every run's evaluation from the sweep, with wall time
+and steps: ``python scripts/collect_runs.py RUNS results/reproduction``), and prints its table.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
-from probe.checkpoint import load_checkpoint
+from probe.errors import ProbeError
+from probe.results import import_runs, load_grid
 
 PRESETS = ["lstm", "transformer", "hybrid-joint", "hybrid-dat"]
 TRAJECTORY_STEPS = [0, 250, 500, 1000, 1500, 2000, 2250, 2500, 3500, 4500]
 
 
 def median_seed_run(variant_dir: Path) -> Path:
-    """The run folder (``seedS``) whose state token accuracy at 3x L_train (its eval.json) is the median of the
-    variant's runs; with an even count, the lower of the two middle ones."""
-    scored = []
-    for ev in sorted(variant_dir.glob("seed*/eval.json")):
-        rows = json.loads(ev.read_text())["results"]
-        train_length = load_checkpoint(ev.parent / "final.pt").task_config.train_length
-        acc = next(r["token_acc"] for r in rows if r.get("subtask") == "state" and r.get("length") == 3 * train_length)
-        scored.append((acc, ev.parent))
-    if not scored:
-        raise SystemExit(f"{variant_dir}: no seed*/eval.json")
-    scored.sort()
-    acc, run = scored[(len(scored) - 1) // 2]
-    print(f"hybrid-joint: shipping {run} (state at 3x {100 * acc:.1f} %, the median of {len(scored)} runs: "
-          f"{', '.join(f'{100 * a:.1f}' for a, _ in scored)})")
+    """The run folder (``seedS``) whose state token accuracy at 3x L_train is the median of the variant's runs; with
+    an even count, the lower of the two middle ones."""
+    try:
+        runs = load_grid(variant_dir.parent).runs
+    except ProbeError as e:
+        raise SystemExit(str(e)) from None
+    runs = runs[runs.variant == variant_dir.name].sort_values("state_acc_3x", kind="stable")
+    if runs.empty:
+        raise SystemExit(f"{variant_dir}: no evaluated seed*/ run")
+    pick = runs.iloc[(len(runs) - 1) // 2]
+    run = variant_dir / f"seed{int(pick.seed)}"
+    print(f"hybrid-joint: shipping {run} (state at 3x {100 * pick.state_acc_3x:.1f} %, the median of {len(runs)} "
+          f"runs: {', '.join(f'{100 * a:.1f}' for a in runs.state_acc_3x)})")
     return run
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=Path("runs"))
-    parser.add_argument("--samples", type=int, default=256)
     parser.add_argument("--no-eval", action="store_true", help="only copy checkpoints and trajectories")
     parser.add_argument("--joint-runs", type=Path, default=None,
                         help="a variant's folder of hybrid-joint runs (seed*/final.pt + eval.json) to ship the median "
                              "seed from (default: RUNS/hybrid-joint)")
     args = parser.parse_args()
     ckpt_dir, results = Path("checkpoints"), Path("results")
-    results.mkdir(exist_ok=True)
     finals = sorted(args.runs.glob("*/seed*/final.pt"))
     if not finals:
         print(f"no finished runs under {args.runs}", file=sys.stderr)
@@ -72,17 +69,15 @@ def main() -> int:
                     shutil.copy(snap, dst / snap.name)
     if args.no_eval:
         return 0
-    runs = []
-    for final in finals:
-        log = [json.loads(line) for line in (final.parent / "metrics.jsonl").read_text().splitlines()]
-        steps, elapsed = log[-1]["step"], log[-1]["elapsed_s"]
-        runs.append({"run": str(final.parent), "preset": final.parent.parent.name, "seed": final.parent.name,
-                     "steps": steps, "wall_s": round(elapsed, 1), "steps_per_s": round(steps / elapsed, 2)})
-    (results / "runs.json").write_text(json.dumps(runs, indent=1))
-    cmd = [sys.executable, "-m", "probe.evaluate", *map(str, finals), "--lengths", "1:100",
-           "--samples", str(args.samples), "--out", str(results)]
-    print("+", " ".join(cmd), flush=True)
-    return subprocess.call(cmd)
+    # the sweep evaluated every run (eval.json); collecting them is a conversion, not a re-evaluation
+    from probe.sweep.cli import main as sweep_main
+
+    try:
+        import_runs(args.runs, results / "reproduction")
+    except ProbeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return sweep_main([str(results / "reproduction"), "--report", "--no-figure"])
 
 
 if __name__ == "__main__":

@@ -1,48 +1,53 @@
 """When should attention come on? State and recall accuracy at 3x L_train against DAT's switch step.
 
 Usage: ``python scripts/switch_timing.py`` after ``python -m probe.sweep sweeps/switch.toml --out runs/switch`` and
-``scripts/collect_runs.sh runs/switch results/switch``. Switch 0 is the mechanism grid's `joint` variant and switch
-2000 its `dat` variant (identical configs). For every DAT run with a switch, the step at which its LSTM-only phase's
-state accuracy at 3x first reached 95 % (``metrics.jsonl``, every 250 steps, 128 sequences) is marked. Writes
+``python scripts/collect_runs.py runs/switch results/switch``. Switch 0 is the mechanism grid's `joint` variant and
+switch 2000 its `dat` variant (identical configs). For every DAT run with a switch, the step at which its LSTM-only
+phase's state accuracy at 3x first reached 95 % (the training log, every 250 steps, 128 sequences) is marked. Reads
+both grids through ``probe.results`` (run folders or the committed compact form). Writes
 ``results/switch/switch_timing.png`` and ``results/switch/switch_timing.json`` and prints the table.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pandas as pd
 
+from probe.results import load_grid
+
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = {0: ROOT / "results" / "mechanism" / "joint", 2000: ROOT / "results" / "mechanism" / "dat"}
+SOURCES = {0: ("mechanism", "joint"), 2000: ("mechanism", "dat")}
 
 
-def runs() -> pd.DataFrame:
-    folders = dict(SOURCES)
-    for d in sorted((ROOT / "results" / "switch").glob("switch-*")):
-        folders[int(d.name.split("-")[1])] = d
+def _lstm_phase_95(training: pd.DataFrame, variant: str, seed: int, until: int | None) -> int | None:
+    """The first logged step (every 250) at which the run's state accuracy at 3x reached 95 %, up to ``until``."""
+    if training.empty:
+        return None
+    log = training[(training.variant == variant) & (training.seed == seed) & (training.state_acc_3x >= 0.95)]
+    if until is not None:
+        log = log[log.step <= until]
+    return int(log.step.min()) if len(log) else None
+
+
+def runs(root: Path = ROOT / "results") -> pd.DataFrame:
+    """One row per run: its switch step, state and recall accuracy at 3x, and when its LSTM phase reached 95 %."""
+    mechanism, switch = load_grid(root / "mechanism"), load_grid(root / "switch")
     rows = []
-    for ev in sorted((ROOT / "results" / "switch" / "adaptive").glob("seed*/eval.json")):
-        log = [json.loads(line) for line in (ev.parent / "metrics.jsonl").read_text().splitlines() if line]
-        switched = next(r["step"] for r in log if r.get("event") == "attention switched on")
-        res = {(r["subtask"], r["length"]): r["token_acc"] for r in json.loads(ev.read_text())["results"]
-               if r.get("length") == 75}
-        rows.append({"variant": "adaptive", "switch": switched, "seed": int(ev.parent.name[4:]),
-                     "state_acc_3x": res[("state", 75)], "recall_acc_3x": res[("recall", 75)],
-                     "lstm_phase_95_at_3x": next((r["step"] for r in log if r["state_acc_3x"] >= 0.95), None)})
-    for switch, folder in sorted(folders.items()):
-        for ev in sorted(folder.glob("seed*/eval.json")):
-            seed = int(re.search(r"seed(\d+)", ev.parent.name).group(1))
-            res = {(r["subtask"], r["length"]): r["token_acc"] for r in json.loads(ev.read_text())["results"]
-                   if r.get("length") == 75}
-            log = [json.loads(line) for line in (ev.parent / "metrics.jsonl").read_text().splitlines() if line]
-            found = next((r["step"] for r in log if r["state_acc_3x"] >= 0.95 and r["step"] <= switch), None)
-            rows.append({"variant": f"switch-{switch}", "switch": switch, "seed": seed,
-                         "state_acc_3x": res[("state", 75)], "recall_acc_3x": res[("recall", 75)],
-                         "lstm_phase_95_at_3x": found if switch else None})
-    return pd.DataFrame(rows)
+    for grid, variants in ((mechanism, {v: s for s, (_, v) in SOURCES.items()}), (switch, None)):
+        for r in grid.runs.itertuples():
+            if variants is not None and r.variant not in variants:
+                continue
+            adaptive = r.variant == "adaptive"
+            step = variants[r.variant] if variants is not None else int(r.switch_step)
+            rows.append({"variant": "adaptive" if adaptive else f"switch-{step}", "switch": step, "seed": r.seed,
+                         "state_acc_3x": r.state_acc_3x, "recall_acc_3x": r.recall_acc_3x,
+                         "lstm_phase_95_at_3x": _lstm_phase_95(grid.training, r.variant, r.seed,
+                                                               None if adaptive else step) if step else None})
+    frame = pd.DataFrame(rows)
+    order = frame.assign(_a=frame.variant == "adaptive").sort_values(["_a", "switch", "seed"], kind="stable")
+    return order.drop(columns="_a").reset_index(drop=True)
 
 
 def plot(frame: pd.DataFrame):
@@ -73,7 +78,9 @@ def main() -> None:
           .round(3))
     out = ROOT / "results" / "switch"
     out.mkdir(parents=True, exist_ok=True)
-    (out / "switch_timing.json").write_text(json.dumps(frame.to_dict("records"), indent=1) + "\n")
+    records = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+               for r in frame.to_dict("records")]
+    (out / "switch_timing.json").write_text(json.dumps(records, separators=(",", ":")) + "\n")
     fig = plot(frame)
     fig.savefig(out / "switch_timing.png", dpi=130)
 

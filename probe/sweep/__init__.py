@@ -1,4 +1,4 @@
-"""Grids of variants x seeds, run by a local process pool or by Ray, resumable, aggregated with bootstrap CIs.
+"""Grids of variants x seeds, run by a local process pool or by Ray, resumable, aggregated with t-intervals.
 
 Usage: ``python -m probe.sweep CONFIG.toml --out DIR`` (see ``--help``). API: ``load_config`` or
 ``config_from_presets`` -> ``run_sweep(cfg, out, make_executor("local"))`` -> ``aggregate(out)``.

@@ -1,11 +1,10 @@
-"""Aggregate a sweep's run folders: rows per run x length x subtask, and per variant the mean, a bootstrap 95 % CI
-over seeds and every seed's value of token accuracy at 1x-4x and of the length-generalization score."""
+"""Aggregate a sweep over seeds: per variant the mean, a t-interval and every seed's value at each reported length,
+from the run folders or from the compact form committed under ``results/``."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,17 +12,17 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
-from probe.checkpoint import load_checkpoint
 from probe.cli import envelope
+from probe.core.stats import fraction_above, t_interval
 from probe.errors import ProbeError
+from probe.results import FACTORS, Grid, has_run_folders, is_compact, load_grid, write_grid
 from probe.sweep.config import SWEEP_FILE, config_from_dict
 from probe.sweep.worker import EVAL
 
 RESULTS, TABLE, FIGURE = "results.json", "results.md", "accuracy_vs_length.png"
-FACTORS = (1, 2, 3, 4)
-N_RESAMPLES = 9999
+SOLVED = 0.9
+"""A seed 'solves' a length when its token accuracy there exceeds this (the report counts such seeds)."""
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 
 
@@ -31,7 +30,7 @@ _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 class SweepReport:
     """What ``results.json`` holds, as DataFrames: ``curves`` (variant, run, seed, train_length, length, subtask,
     token_acc, seq_acc, n_tokens), ``scores`` (variant, run, seed, subtask, lengthgen_score), ``summary`` (one row
-    per variant x subtask x metric), ``bands`` (variant, subtask, length, mean, ci_low, ci_high) for the figure."""
+    per variant x subtask x metric x length), ``bands`` (variant, subtask, length, mean, ci_low, ci_high)."""
 
     name: str
     curves: pd.DataFrame
@@ -39,6 +38,7 @@ class SweepReport:
     summary: pd.DataFrame
     bands: pd.DataFrame
     result: dict[str, Any]
+    grid: Grid | None = None
 
     @property
     def missing(self) -> list[str]:
@@ -46,8 +46,8 @@ class SweepReport:
 
 
 def sweep_members(out: Path) -> tuple[str, list[tuple[str, int]]]:
-    """The sweep's name and its (variant, seed) runs: those of ``DIR/sweep.json``, else every ``VARIANT/seedS``
-    folder with an eval.json (run folders made before sweeps existed)."""
+    """The sweep's name and its (variant, seed) runs: those of ``DIR/sweep.json`` plus every other finished run
+    folder of its variants (a grid run in parts records only its last part), else every ``VARIANT/seedS`` folder."""
     found = []
     for ev in out.glob(f"*/seed*/{EVAL}"):
         m = _SEED_DIR.match(ev.parent.name)
@@ -57,9 +57,9 @@ def sweep_members(out: Path) -> tuple[str, list[tuple[str, int]]]:
     if path.exists():
         cfg = config_from_dict(json.loads(path.read_text())["config"], str(path))
         members = [(r.variant, r.seed) for r in cfg.runs(out)]
-        variants = {v for v, _ in members}
-        # a grid run in parts (--seeds 0 1, then --seeds 2 3) records its last part: keep the earlier parts' runs
-        extra = sorted(set(found) - set(members), key=lambda vs: ([v for v, _ in members].index(vs[0]), vs[1]))
+        variants = [v for v, _ in members]
+        extra = sorted(set(found) - set(members), key=lambda vs: (variants.index(vs[0]), vs[1])
+                       if vs[0] in variants else (len(variants), vs[1]))
         members += [vs for vs in extra if vs[0] in variants]
         order = list(dict.fromkeys(v for v, _ in members))
         return cfg.name, sorted(members, key=lambda vs: (order.index(vs[0]), vs[1]))
@@ -68,29 +68,9 @@ def sweep_members(out: Path) -> tuple[str, list[tuple[str, int]]]:
     return out.name, sorted(found)
 
 
-def bootstrap_ci(values: np.ndarray, confidence: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """Bootstrap CI of the mean over axis 0 (seeds) of a (seeds, k) array, one interval per column; NaN where a
-    column has fewer than two finite values.
-
-    scipy's percentile method, not BCa: with 3-5 seeds BCa's acceleration estimate is unstable, and it returns NaN
-    when every seed agrees (common at 100 % accuracy). A fixed generator makes ``--report`` reproducible."""
-    from scipy.stats import bootstrap
-
-    values = np.asarray(values, dtype=float)
-    lo, hi = np.full(values.shape[1], np.nan), np.full(values.shape[1], np.nan)
-    complete = np.isfinite(values).all(axis=0)
-    if values.shape[0] >= 2 and complete.any():
-        ci = bootstrap((values[:, complete],), np.mean, axis=0, vectorized=True, confidence_level=confidence,
-                       n_resamples=N_RESAMPLES, method="percentile", rng=np.random.default_rng(0)).confidence_interval
-        lo[complete], hi[complete] = ci.low, ci.high
-    for j in np.flatnonzero(~complete):  # a seed without this subtask at this length: CI over the others
-        col = values[np.isfinite(values[:, j]), j]
-        if len(col) >= 2:
-            lo[j], hi[j] = bootstrap_ci(col[:, None], confidence)
-    return lo, hi
-
-
 def _weights_digest(state_dict: dict[str, Any]) -> str:
+    import torch
+
     h = hashlib.sha256()
     for name in sorted(state_dict):
         h.update(name.encode())
@@ -98,76 +78,115 @@ def _weights_digest(state_dict: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+def _controls(grid: Grid) -> list[dict[str, Any]]:
+    """Checks that need the checkpoints (run folders only; the compact form has none)."""
+    from probe.checkpoint import load_checkpoint
+
+    controls, digests = [], {}
+    for run, path in grid.checkpoints.items():
+        ckpt = load_checkpoint(path)
+        seed = int(run.rsplit("seed", 1)[1])
+        digests[run] = _weights_digest(ckpt.state_dict)
+        # Could fail: a sweep that dropped or mixed up seeds trains a run whose checkpoint says another seed.
+        controls.append({"control": "seed_matches_folder", "run": run, "checkpoint": f"{run}/final.pt",
+                         "checkpoint_seed": ckpt.seed, "passed": ckpt.seed == seed})
+    for variant in grid.variants:
+        runs = [r for r in digests if r.split("/")[0] == variant]
+        if len(runs) >= 2:
+            # Could fail: seeds that do not reach the trainer (or a copied folder) give identical weights.
+            distinct = len({digests[r] for r in runs})
+            controls.append({"control": "seeds_give_distinct_weights", "variant": variant, "runs": len(runs),
+                             "distinct": distinct, "passed": distinct == len(runs)})
+    return controls
+
+
 def aggregate(out: str | Path) -> SweepReport:
-    """Read every run folder of the sweep in ``out`` (nothing is trained or evaluated) into a ``SweepReport``."""
+    """Read a sweep's runs in ``out`` (run folders, or the compact form) into a ``SweepReport``; nothing is
+    trained or evaluated."""
     out = Path(out)
     if not out.is_dir():
         raise ProbeError(f"{out}: no such sweep directory")
-    name, members = sweep_members(out)
-    run_rows: list[dict[str, Any]] = []
-    controls: list[dict[str, Any]] = []
-    missing, checkpoints, digests = [], [], {}
-    for variant, seed in members:
-        rel = f"{variant}/seed{seed}"
-        folder = out / rel
-        if not (folder / EVAL).exists() or not (folder / "final.pt").exists():
-            missing.append(rel)
-            continue
-        ckpt = load_checkpoint(folder / "final.pt")
-        digests[rel] = _weights_digest(ckpt.state_dict)
-        checkpoints.append(f"{rel}/final.pt")
-        rows = json.loads((folder / EVAL).read_text())["results"]
-        for r in rows:
-            # checkpoint relative to the sweep directory, so a moved or copied sweep reports the same rows
-            run_rows.append({"row": "run", "variant": variant, "run": rel, **r, "checkpoint": f"{rel}/final.pt",
-                             "seed": seed, "train_length": ckpt.task_config.train_length})
-        # Could fail: a sweep that dropped or mixed up seeds trains a run whose checkpoint says another seed.
-        controls.append({"control": "seed_matches_folder", "run": rel, "checkpoint": f"{rel}/final.pt",
-                         "checkpoint_seed": ckpt.seed, "passed": ckpt.seed == seed})
-    if not run_rows:
+    missing: list[str] = []
+    if has_run_folders(out) or (out / SWEEP_FILE).exists() and not is_compact(out):
+        name, members = sweep_members(out)
+        grid = load_grid(out, members)
+        missing = [f"{v}/seed{s}" for v, s in members if f"{v}/seed{s}" not in set(grid.runs.get("run", []))]
+        # a run folder with eval.json but no final.pt is unfinished (the checkpoint is the evidence)
+        unfinished = [r for r in grid.runs.get("run", []) if not (out / r / "final.pt").exists()
+                      and (out / r).is_dir()]
+        if unfinished:
+            missing += unfinished
+            grid = load_grid(out, [(r.split("/")[0], int(r.rsplit("seed", 1)[1]))
+                                   for r in grid.runs.run if r not in unfinished])
+    elif is_compact(out):
+        grid = load_grid(out)
+        name = grid.name
+    else:
+        raise ProbeError(f"{out}: no finished run (VARIANT/seedS/{EVAL} with final.pt) and no compact grid "
+                         f"(runs.jsonl) to aggregate")
+    if grid.runs.empty:
         raise ProbeError(f"{out}: no finished run (VARIANT/seedS/{EVAL} with final.pt) to aggregate")
-    frame = pd.DataFrame(run_rows)
-    is_score = frame.get("metric", pd.Series(index=frame.index, dtype=object)) == "lengthgen_score"
-    curves = frame[~is_score].drop(columns=["row", "metric"], errors="ignore").reset_index(drop=True)
-    scores = frame[is_score][["variant", "run", "seed", "subtask", "token_acc"]].rename(
-        columns={"token_acc": "lengthgen_score"}).reset_index(drop=True)
-    order = list(dict.fromkeys(v for v, _ in members))
-    for variant in order:
-        runs = [rel for rel in digests if rel.split("/")[0] == variant]
-        if len(runs) >= 2:
-            # Could fail: seeds that do not reach the trainer (or a copied folder) give identical weights.
-            controls.append({"control": "seeds_give_distinct_weights", "variant": variant, "runs": len(runs),
-                             "distinct": len({digests[r] for r in runs}),
-                             "passed": len({digests[r] for r in runs}) == len(runs)})
-    summary = _summary(curves, scores, order)
+    controls = _controls(grid) if grid.checkpoints else []
+    curves = grid.curves
+    scores = _scores(grid)
+    order = grid.variants
+    summary = _summary(grid, order)
     bands = _bands(curves, order)
-    result = envelope("sweep", checkpoints, run_rows + summary.to_dict("records"), controls,
-                      sweep=name, missing=missing)
-    return SweepReport(name, curves, scores, summary, bands, result)
+    # per-run values are in runs.jsonl and curves.csv beside it; the envelope holds what is computed over seeds
+    rows = [_ints(r) for r in summary.to_dict("records")]
+    extra: dict[str, Any] = {"sweep": name, "missing": missing, "source": grid.source}
+    if not grid.checkpoints:
+        extra["controls_not_run"] = "no checkpoints here (compact form): the seed controls need each run's final.pt"
+    result = envelope("sweep", sorted(grid.checkpoints and [f"{r}/final.pt" for r in grid.checkpoints]),
+                      rows, controls, **extra)
+    return SweepReport(name, curves, scores, summary, bands, result, grid)
+
+
+def _ints(row: dict[str, Any]) -> dict[str, Any]:
+    """Counts and lengths as integers (a DataFrame with a missing value turns a whole column into floats)."""
+    return {k: int(v) if k in ("factor", "length", "n_seeds", "seeds_above_90") and pd.notna(v) else v
+            for k, v in row.items()}
+
+
+def _scores(grid: Grid) -> pd.DataFrame:
+    rows = []
+    for r in grid.runs.itertuples():
+        for subtask in ("state", "recall", "all"):
+            value = getattr(r, f"{subtask}_score", None)
+            if value is not None and np.isfinite(value):
+                rows.append({"variant": r.variant, "run": r.run, "seed": r.seed, "subtask": subtask,
+                             "lengthgen_score": float(value)})
+    return pd.DataFrame(rows, columns=["variant", "run", "seed", "subtask", "lengthgen_score"])
 
 
 def _summary_row(variant: str, subtask: str, metric: str, factor: int | None, length: int | None,
                  per_seed: pd.Series) -> dict[str, Any]:
     per_seed = per_seed.dropna()
-    lo, hi = bootstrap_ci(per_seed.to_numpy()[:, None]) if len(per_seed) else (np.array([np.nan]),) * 2
+    ci = t_interval(per_seed.to_numpy())
+    # accuracies live in [0, 1]: cutting the interval there keeps its coverage
     row = {"row": "summary", "checkpoint": None, "variant": variant, "subtask": subtask, "metric": metric,
-           "factor": factor, "length": length, "n_seeds": len(per_seed),
-           "mean": float(per_seed.mean()) if len(per_seed) else math.nan, "ci_low": lo[0], "ci_high": hi[0]}
+           "factor": factor, "length": length, "n_seeds": ci.n, "mean": ci.estimate,
+           "ci_low": max(0.0, ci.low) if ci.finite else np.nan, "ci_high": min(1.0, ci.high) if ci.finite else np.nan}
+    if metric != "lengthgen_score":
+        solved, n = fraction_above(per_seed.to_numpy(), SOLVED)
+        row["seeds_above_90"] = solved
     return row | {f"seed_{s}": float(v) for s, v in per_seed.items()}
 
 
-def _summary(curves: pd.DataFrame, scores: pd.DataFrame, order: list[str]) -> pd.DataFrame:
-    rows = []
+def _summary(grid: Grid, order: list[str]) -> pd.DataFrame:
+    curves, rows = grid.curves, []
+    scores = _scores(grid)
     for variant in order:
-        for subtask in curves.subtask.unique():
+        for subtask in ("state", "recall", "all"):
             part = curves[(curves.variant == variant) & (curves.subtask == subtask)]
             if part.empty or part.token_acc.isna().all():
                 continue  # a subtask this task never asks
             for f in FACTORS:
                 at = part[part.length == f * part.train_length]
                 if len(at):
-                    rows.append(_summary_row(variant, subtask, "token_acc", f, int(f * at.train_length.iloc[0]),
-                                             at.set_index("seed").token_acc))
+                    length = int(f * at.train_length.iloc[0])
+                    for metric in ("token_acc", "seq_acc"):
+                        rows.append(_summary_row(variant, subtask, metric, f, length, at.set_index("seed")[metric]))
             sc = scores[(scores.variant == variant) & (scores.subtask == subtask)]
             rows.append(_summary_row(variant, subtask, "lengthgen_score", None, None,
                                      sc.set_index("seed").lengthgen_score))
@@ -175,26 +194,38 @@ def _summary(curves: pd.DataFrame, scores: pd.DataFrame, order: list[str]) -> pd
 
 
 def _bands(curves: pd.DataFrame, order: list[str]) -> pd.DataFrame:
+    """Mean and t-interval over seeds at every length (the figure's bands)."""
+    from scipy.stats import t
+
     frames = []
     for variant in order:
         for subtask, part in curves[curves.variant == variant].groupby("subtask", sort=False):
             grid = part.pivot_table(index="seed", columns="length", values="token_acc", dropna=False)
-            lo, hi = bootstrap_ci(grid.to_numpy())
+            n = grid.notna().sum(axis=0).to_numpy()
+            mean = grid.mean(axis=0).to_numpy()
+            sd = grid.std(axis=0, ddof=1).to_numpy()
+            with np.errstate(invalid="ignore", divide="ignore"):
+                half = np.where(n >= 2, t.ppf(0.975, np.maximum(n - 1, 1)) * sd / np.sqrt(n), np.nan)
             frames.append(pd.DataFrame({"variant": variant, "subtask": subtask, "length": grid.columns,
-                                        "mean": grid.mean(axis=0).to_numpy(), "ci_low": lo, "ci_high": hi,
+                                        "mean": mean, "ci_low": np.clip(mean - half, 0, 1),
+                                        "ci_high": np.clip(mean + half, 0, 1),
                                         "train_length": int(part.train_length.max())}))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def markdown_table(report: SweepReport) -> str:
-    """Token accuracy (%) per variant and subtask: mean [bootstrap 95 % CI] over seeds at 1x-4x and the
-    length-generalization score, then every seed's values."""
+    """Token accuracy (%) per variant and subtask: mean [95 % t-interval] over seeds at each reported multiple of
+    L_train and the score; sequence accuracy and the seeds above 90 % at 3x and 16x; then every seed's values."""
     s = report.summary
     if s.empty:
         return ""
-    lengths = {f: int(s[(s.factor == f)].length.dropna().iloc[0]) for f in FACTORS if (s.factor == f).any()}
-    head = ["variant", "subtask", "seeds", *(f"{f}x ({n})" for f, n in lengths.items()), "score"]
-    lines = [f"Token accuracy (%), mean [bootstrap 95 % CI] over seeds; score = mean over lengths in (L, 3L]. "
+    tok = s[s.metric == "token_acc"]
+    lengths = {int(f): int(tok[tok.factor == f].length.iloc[0]) for f in FACTORS if (tok.factor == f).any()}
+    solved_at = [f for f in (3, 16) if f in lengths]
+    head = ["variant", "subtask", "seeds", *(f"{f}x ({n})" for f, n in lengths.items()), "score",
+            *(f"seq. acc. {f}x" for f in solved_at), *(f"seeds > 90 % at {f}x" for f in solved_at)]
+    lines = ["Token accuracy (%), mean [95 % t-interval] over seeds; score = mean over lengths in (L, 3L]; seq. acc. = "
+             "sequences with every answer right (mean over seeds). "
              f"Sweep `{report.name}`" + (f"; missing runs: {', '.join(report.missing)}" if report.missing else "."),
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     seed_cols = sorted((c for c in s.columns if c.startswith("seed_")), key=lambda c: int(c[5:]))
@@ -202,16 +233,20 @@ def markdown_table(report: SweepReport) -> str:
                 "| variant | subtask | " + " | ".join(c.replace("_", " ") for c in seed_cols) + " |",
                 "|---|---|" + "---|" * len(seed_cols)]
     for (variant, subtask), g in s.groupby(["variant", "subtask"], sort=False):
+        t = g[g.metric == "token_acc"]
         cells = [variant, subtask, str(int(g.n_seeds.max()))]
-        for f in lengths:
-            cells.append(_cell(g[g.factor == f]))
+        cells += [_cell(t[t.factor == f]) for f in lengths]
         cells.append(_cell(g[g.metric == "lengthgen_score"]))
+        q = g[g.metric == "seq_acc"]
+        cells += [_pct(q[q.factor == f]["mean"].iloc[0]) if (q.factor == f).any() else "–" for f in solved_at]
+        cells += [f"{int(t[t.factor == f].seeds_above_90.iloc[0])} of {int(t[t.factor == f].n_seeds.iloc[0])}"
+                  if (t.factor == f).any() else "–" for f in solved_at]
         lines.append("| " + " | ".join(cells) + " |")
         seeds = []
         for c in seed_cols:
-            values = [g[g.factor == f][c] for f in lengths] + [g[g.metric == "lengthgen_score"][c]]
+            values = [t[t.factor == f][c] for f in lengths] + [g[g.metric == "lengthgen_score"][c]]
             seeds.append(" / ".join(_pct(v.iloc[0]) if len(v) else "–" for v in values)
-                         if g[c].notna().any() else "–")
+                         if t[c].notna().any() else "–")
         per_seed.append(f"| {variant} | {subtask} | " + " | ".join(seeds) + " |")
     return "\n".join(lines + per_seed) + "\n"
 
@@ -229,13 +264,15 @@ def _cell(rows: pd.DataFrame) -> str:
 
 
 def write_report(report: SweepReport, out: str | Path, figure: bool = True) -> list[Path]:
-    """``results.json`` (SPEC section 9 envelope), ``results.md`` and the accuracy-vs-length figure in ``out``."""
+    """In ``out``: the compact grid (``runs.jsonl``, ``curves.csv``, ``training.csv``; see ``probe.results``),
+    ``results.json`` (the envelope: summary and comparison rows), ``results.md`` and the figure."""
     from probe.sweep.plots import plot_sweep
 
     out = Path(out)
-    paths = [out / RESULTS, out / TABLE]
-    paths[0].write_text(json.dumps(report.result, indent=1) + "\n")
-    paths[1].write_text(markdown_table(report))
+    paths = write_grid(report.grid, out) if report.grid is not None and report.grid.source != "compact" else []
+    paths += [out / RESULTS, out / TABLE]
+    (out / RESULTS).write_text(json.dumps(report.result, separators=(",", ":")) + "\n")
+    (out / TABLE).write_text(markdown_table(report))
     if figure:
         import matplotlib.pyplot as plt
 

@@ -7,63 +7,87 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from probe.cli import resolve_device, run_cli, say, tidy
+from probe.cli import (
+    make_parser,
+    nonnegative_int,
+    positive_float,
+    positive_int,
+    resolve_device,
+    run_cli,
+    say,
+    tidy,
+)
 from probe.errors import ProbeError
 from probe.sweep.aggregate import FIGURE, RESULTS, TABLE, aggregate, markdown_table, write_report
 from probe.sweep.compare import compare, comparison_table, plot_seed_dots
-from probe.sweep.config import SweepConfig, config_from_presets, load_config
+from probe.sweep.config import SweepConfig, config_from_presets, eval_lengths_for, load_config
 from probe.sweep.executors import default_jobs, make_executor
 from probe.sweep.runner import SweepOutcome, plan, run_sweep
 from probe.sweep.worker import RunOptions
 
+DEFAULT_SAMPLES, QUICK_SAMPLES = 256, 32
 USAGE = """Usage:
   python -m probe.sweep CONFIG.toml --out DIR [--executor local|ray] [--jobs N] [--dry-run]
   python -m probe.sweep --preset P [P ...] --seeds S [S ...] [--steps N] [--set SECTION.FIELD=VALUE ...] --out DIR
   python -m probe.sweep DIR --report
 
 Each run is `python -m probe.train` with its config in DIR/VARIANT/seedS/ (log: train.log), then
-`python -m probe.evaluate` of its final.pt at lengths 1..4x L_train into eval.json. A run with final.pt and
-eval.json is skipped; one with last.pt resumes from it. Exit code 0 if every run succeeded, 1 if one failed, 2 on
-a bad command line or config."""
+`python -m probe.evaluate` of its final.pt at lengths 1..4x L_train (--eval-lengths) into eval.json. A run with
+final.pt and eval.json is skipped; one with last.pt resumes from it. The whole command line and every run's
+configs are checked before any run starts. --report reads run folders or the compact form of results/ (runs.jsonl,
+curves.csv). Exit code 0 if every run succeeded, 1 if one failed, 2 on a bad command line or config."""
 
-_HELP_JSON = """results.json / --json: the SPEC envelope. results rows are of two kinds (field "row"):
-"run": {variant, run, checkpoint (relative to DIR), label, seed, train_length, length, subtask (state|recall|all),
-token_acc, seq_acc, n_tokens}, and per run and subtask a row with length null, metric "lengthgen_score" and its
-value in token_acc; "summary": {variant, subtask, metric (token_acc | lengthgen_score), factor (1-4, null for the
-score), length, n_seeds, mean, ci_low, ci_high (bootstrap 95 % CI of the mean over seeds, percentile method),
-seed_S (each seed's value)}. controls rows: seed_matches_folder (the checkpoint was trained with its folder's
-seed), seeds_give_distinct_weights (no two seeds of a variant ended with the same weights). "missing" lists the
-runs without a finished evaluation."""
+_HELP_JSON = """Files in DIR after a run or --report: runs.jsonl (one summary per run: accuracies at 1-4x, 8x, 16x
+L_train where evaluated, scores, precision, switch step, steps, wall time), curves.csv (every run x length x subtask:
+n_tokens, correct, seq_acc), training.csv (the runs' metrics.jsonl), results.json, results.md, figures.
+results.json / --json: the JSON envelope; results rows (field "row"): "summary": {variant, subtask, metric
+(token_acc | seq_acc | lengthgen_score), factor (null for the score), length, n_seeds, mean, ci_low, ci_high (95 %
+t-interval of the mean over seeds, cut to [0, 1]), seeds_above_90 (seeds whose accuracy there exceeds 90 %), seed_S
+(each seed's value)}; with --compare, "comparison": {variant, baseline, n_seeds, n_seeds_baseline, mean,
+mean_ci_low, mean_ci_high, mean_baseline, difference, difference_ci_low, difference_ci_high (Welch 95 % interval),
+p_permutation (exact, two-sided: twice the smaller tail), p_min_attainable, p_holm, p_bh (over the table's distinct
+pairs), n_tests, verdict}. controls rows (run folders with final.pt only): seed_matches_folder (the checkpoint was
+trained with its folder's seed), seeds_give_distinct_weights (no two seeds of a variant ended with the same
+weights). "missing" lists the runs without a finished evaluation."""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m probe.sweep", description=USAGE,
-                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=_HELP_JSON)
-    p.add_argument("target", nargs="?", help="a sweep config (.toml), or with --report a sweep's directory")
+    p = make_parser("python -m probe.sweep", USAGE, _HELP_JSON)
+    p.add_argument("target", nargs="?", help="a sweep config (.toml), or with --report a sweep's or a results/ "
+                                              "grid's directory")
     p.add_argument("--preset", nargs="+", metavar="P", help="shorthand: one variant per preset, named after it")
     p.add_argument("--seeds", nargs="+", type=int, metavar="S", help="seeds (replace the config's)")
-    p.add_argument("--steps", type=int, help="training steps of every run (replaces the presets' and the config's)")
+    p.add_argument("--steps", type=positive_int, help="training steps of every run (replaces the presets' and the "
+                                                      "config's)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                    help="override for every run, after the config's (as probe.train --set)")
     p.add_argument("--task", default=None, help="task of the --preset shorthand (default interleaved)")
     p.add_argument("--out", help="sweep directory: runs go to OUT/VARIANT/seedS/, results to OUT/")
     p.add_argument("--executor", default="local", choices=["local", "ray"],
                    help="local: a process pool on this machine (default); ray: Ray tasks (pip install -e \".[ray]\")")
-    p.add_argument("--jobs", type=int, default=None,
+    p.add_argument("--jobs", type=positive_int, default=None,
                    help=f"runs at a time: local workers, or the CPUs of a local Ray instance (default: the "
                         f"cores, here {default_jobs()}); one thread per run")
     p.add_argument("--address", help="Ray cluster to use (e.g. auto, or HEAD:6379); default: start a local one")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto; every run trains there")
-    p.add_argument("--gpus-per-run", type=float, default=1.0,
+    p.add_argument("--gpus-per-run", type=positive_float, default=1.0,
                    help="Ray with --device cuda: GPUs each run reserves (0.25 packs four runs on a GPU; default 1)")
-    p.add_argument("--retries", type=int, default=3, help="reruns of a run whose worker died (default 3)")
-    p.add_argument("--eval-samples", type=int, default=256, help="sequences per length in eval.json (default 256)")
+    p.add_argument("--retries", type=nonnegative_int, default=3,
+                   help="reruns of a run whose worker died (default 3)")
+    p.add_argument("--eval-samples", type=positive_int, default=None,
+                   help="sequences per length of each run's final evaluation (default: the config's, else 256)")
+    p.add_argument("--eval-lengths", default=None, metavar="SPEC",
+                   help="lengths of the final evaluation: 4x (default: every length up to 4x L_train), 16x (that, "
+                        "then every L_train up to 16x), coarse, or a list such as 1:100,125:400:25")
+    p.add_argument("--quick", action="store_true",
+                   help=f"a smoke test's evaluation: {QUICK_SAMPLES} sequences at every (L_train/5)-th length up "
+                        "to 4x, unless --eval-samples/--eval-lengths say otherwise (the log says what it reduced)")
     p.add_argument("--dry-run", action="store_true", help="print the runs, their state and commands; run nothing")
     p.add_argument("--report", action="store_true", help="re-aggregate the runs of DIR (or --out) without training")
     p.add_argument("--compare", nargs="+", metavar="VARIANT", default=[],
                    help="with the report: every variant against these baselines on state accuracy at 3x L_train "
-                        "(difference of means, exact permutation p over seeds; rows with row=comparison), and a "
-                        "figure of every seed's value (seeds_3x.png)")
+                        "(difference of means with its Welch interval, exact permutation p, Holm and BH over the "
+                        "table; rows with row=comparison), and a figure of every seed's value (seeds_3x.png)")
     p.add_argument("--no-figure", action="store_true", help="results.json and results.md only")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print results.json's object on stdout (human text to stderr)")
@@ -85,22 +109,52 @@ def config_from_args(args: argparse.Namespace) -> SweepConfig:
     return load_config(args.target).with_command_line(args.seeds, args.steps, args.overrides)
 
 
+def eval_options(args: argparse.Namespace, cfg: SweepConfig) -> tuple[int, str | None, str | None]:
+    """Samples and lengths of the final evaluation (command line, then config, then defaults), and what
+    ``--quick`` reduced, in words (None without it)."""
+    samples = args.eval_samples or cfg.eval_samples
+    lengths = args.eval_lengths or cfg.eval_lengths
+    note = None
+    if args.quick:
+        reduced = []
+        if samples is None:
+            samples = QUICK_SAMPLES
+            reduced.append(f"{QUICK_SAMPLES} sequences per length instead of {DEFAULT_SAMPLES}")
+        if lengths is None:
+            lengths = "coarse"
+            reduced.append("every (L_train/5)-th length up to 4x instead of every length")
+        note = "quick: evaluating " + ("; ".join(reduced) if reduced else "as asked (nothing reduced)")
+    if lengths is not None:
+        eval_lengths_for(lengths, 25)  # the grammar, before any run
+    return samples or DEFAULT_SAMPLES, lengths, note
+
+
+def validate_runs(cfg: SweepConfig) -> None:
+    """Every run's configs, built as the trainer will build them, before any run starts: a bad override, step
+    count or schedule is one line and exit 2, not a failed run per seed minutes later."""
+    from probe.schedules import Schedule
+    from probe.train import build_configs
+
+    for run in cfg.runs("."):
+        try:
+            _, _, train_cfg = build_configs(run.preset, run.task, list(run.overrides), steps=run.steps, seed=run.seed)
+            Schedule(train_cfg.schedule, train_cfg.steps)
+        except ProbeError as e:
+            raise ProbeError(f"{run.key}: {e}") from None
+
+
 def _device(args: argparse.Namespace) -> str:
     if args.executor == "ray" and args.address:
         # The cluster's nodes, not this driver, must have the device: only check that the name parses.
         if args.device == "auto":
             raise ProbeError("--device auto is decided on this machine; with --address name cpu or cuda")
-        return str(_parse_device(args.device))
+        import torch
+
+        try:
+            return str(torch.device(args.device))
+        except RuntimeError:
+            raise ProbeError(f"bad --device {args.device!r}: use cpu, cuda, cuda:N or auto") from None
     return str(resolve_device(args.device))
-
-
-def _parse_device(name: str) -> Any:
-    import torch
-
-    try:
-        return torch.device(name)
-    except RuntimeError:
-        raise ProbeError(f"bad --device {name!r}: use cpu, cuda, cuda:N or auto") from None
 
 
 def _report(args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -148,30 +202,30 @@ def main(argv: list[str] | None = None) -> int:
                 raise ProbeError("--report needs the sweep directory: python -m probe.sweep DIR --report")
             return _report(args, Path(target))
         cfg = config_from_args(args)
+        samples, lengths, quick_note = eval_options(args, cfg)
+        validate_runs(cfg)
         if args.dry_run:
             out = Path(args.out or "DIR")
+            lengths_arg = f" --lengths {lengths}" if lengths else ""
             for run, state in plan(cfg, out):
                 say(args, f"{run.key}  [{state}]  {run.out}")
                 if state != "finished":
                     if state in ("new", "interrupted"):
                         say(args, "  " + run.command(resume=state == "interrupted"))
                     say(args, f"  {sys.executable} -m probe.evaluate {run.out / 'final.pt'} "
-                              f"--samples {args.eval_samples} --json > {run.out / 'eval.json'}")
+                              f"--samples {samples}{lengths_arg} --json > {run.out / 'eval.json'}")
             return {}
         if not args.out:
             raise ProbeError("--out DIR is required: runs go to DIR/VARIANT/seedS/")
-        for name, value in (("--jobs", args.jobs), ("--eval-samples", args.eval_samples)):
-            if value is not None and value < 1:
-                raise ProbeError(f"{name} {value}: must be at least 1")
-        if args.retries < 0:
-            raise ProbeError(f"--retries {args.retries}: must be 0 or more")
         device = _device(args)
         is_cuda = device.startswith("cuda")
         executor = make_executor(args.executor, args.jobs, args.address, args.retries,
                                  args.gpus_per_run if is_cuda else 0.0)
         if args.executor == "ray" and is_cuda:
             device = "cuda"  # Ray gives each task its GPU(s) through CUDA_VISIBLE_DEVICES
-        opts = RunOptions(device=device, eval_samples=args.eval_samples)
+        if quick_note:
+            print(quick_note, file=sys.stderr)
+        opts = RunOptions(device=device, eval_samples=samples, eval_lengths=lengths, note=quick_note)
         outcome = run_sweep(cfg, args.out, executor, opts, progress=not args.no_progress)
         _print_outcome(outcome)
         failed = bool(outcome.failed)

@@ -1,8 +1,7 @@
-"""Variant against variant over seeds: the difference of mean accuracy at one length, with a permutation test."""
+"""Variant against variant over seeds: differences of means with Welch intervals, exact permutation p, Holm/BH."""
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -10,31 +9,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from probe.core.stats import (
+    benjamini_hochberg,
+    describe_difference,
+    holm,
+    permutation_p,
+    permutation_p_min,
+    t_interval,
+    welch_interval,
+)
 from probe.errors import ProbeError
 
-
-def permutation_p(a: Sequence[float], b: Sequence[float]) -> float:
-    """Two-sided p-value of the difference of means under exchangeable seeds: exact over every split of the pooled
-    values (a grid has a handful of seeds, so there are at most a few hundred splits).
-
-    Why not ``scipy.stats.permutation_test``: it is the same statistic, but with 2-5 seeds per variant exact
-    enumeration is cheap and its smallest attainable p (2 / C(n_a + n_b, n_a)) must be reported beside the p-value
-    so that a reader sees what n allows; this function's caller does."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    pooled = np.concatenate([a, b])
-    observed = abs(a.mean() - b.mean())
-    splits = list(itertools.combinations(range(len(pooled)), len(a)))
-    hits = 0
-    for idx in splits:
-        mask = np.zeros(len(pooled), bool)
-        mask[list(idx)] = True
-        hits += abs(pooled[mask].mean() - pooled[~mask].mean()) >= observed - 1e-12
-    return hits / len(splits)
+ALPHA = 0.05
 
 
 def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "state", factor: int = 3) -> pd.DataFrame:
     """One row per (variant, baseline): means over seeds of token accuracy at ``factor`` x L_train, their
-    difference, the exact permutation p-value and the smallest p the seed counts allow."""
+    difference with its Welch 95 % interval, the exact two-sided permutation p, the smallest p the seed counts
+    allow, and Holm- and BH-adjusted p over the table. A pair met twice (``dat`` vs ``joint`` and ``joint`` vs
+    ``dat``) is one test of the family, so the adjustment counts it once."""
     at = curves[(curves.subtask == subtask) & (curves.length == factor * curves.train_length)]
     per_seed = {v: g.set_index("seed").token_acc.dropna() for v, g in at.groupby("variant", sort=False)}
     unknown = [b for b in baselines if b not in per_seed]
@@ -43,38 +36,75 @@ def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "stat
                          f"have {', '.join(per_seed)}")
     rows: list[dict[str, Any]] = []
     for base in baselines:
+        ref = per_seed[base]
         for variant, values in per_seed.items():
             if variant == base:
                 continue
-            ref = per_seed[base]
+            diff = welch_interval(values.to_numpy(), ref.to_numpy())
+            mean = t_interval(values.to_numpy())
             n_a, n_b = len(values), len(ref)
+            p = permutation_p(values.to_numpy(), ref.to_numpy()) if n_a and n_b else math.nan
             rows.append({"row": "comparison", "checkpoint": None, "variant": variant, "baseline": base,
                          "subtask": subtask, "factor": factor, "length": int(factor * at.train_length.iloc[0]),
-                         "n_seeds": n_a, "n_seeds_baseline": n_b, "mean": float(values.mean()),
-                         "mean_baseline": float(ref.mean()), "difference": float(values.mean() - ref.mean()),
-                         "p_permutation": permutation_p(values, ref) if n_a and n_b else math.nan,
-                         "p_min_attainable": 2 / math.comb(n_a + n_b, n_a) if n_a and n_b else math.nan})
-    return pd.DataFrame(rows)
+                         "n_seeds": n_a, "n_seeds_baseline": n_b, "mean": mean.estimate,
+                         # accuracies live in [0, 1]: cutting the interval there keeps its coverage
+                         "mean_ci_low": float(np.clip(mean.low, 0, 1)), "mean_ci_high": float(np.clip(mean.high, 0, 1)),
+                         "mean_baseline": float(ref.mean()), "difference": diff.estimate,
+                         "difference_ci_low": diff.low, "difference_ci_high": diff.high,
+                         "p_permutation": p, "p_min_attainable": permutation_p_min(n_a, n_b),
+                         "pair": "|".join(sorted((variant, base)))})
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    unique = frame.drop_duplicates("pair")
+    adjusted = pd.DataFrame({"pair": unique.pair, "p_holm": holm(unique.p_permutation.to_numpy()),
+                             "p_bh": benjamini_hochberg(unique.p_permutation.to_numpy())})
+    frame = frame.merge(adjusted, on="pair", how="left").drop(columns="pair")
+    frame["n_tests"] = len(unique)
+    frame["verdict"] = [_verdict(r) for r in frame.itertuples()]
+    return frame
+
+
+def _verdict(r: Any) -> str:
+    """Holm-significant: the difference and its interval; significant only before adjustment: said so; else
+    "no difference detected" with the interval (never "equal")."""
+    from probe.core.stats import Interval
+
+    diff = Interval(r.difference, r.difference_ci_low, r.difference_ci_high, min(r.n_seeds, r.n_seeds_baseline))
+    if np.isfinite(r.p_holm) and r.p_holm >= ALPHA and r.p_permutation < ALPHA:
+        return describe_difference(diff, r.p_permutation, ALPHA) + f", not significant after Holm (p {_p(r.p_holm)})"
+    return describe_difference(diff, r.p_holm, ALPHA)
+
+
+def _p(x: float) -> str:
+    return "–" if not np.isfinite(x) else (f"{x:.3f}" if x >= 0.001 else f"{x:.1e}")
 
 
 def comparison_table(rows: pd.DataFrame) -> str:
     """Markdown: each variant against each baseline, in accuracy points."""
     if rows.empty:
         return ""
-    lines = ["Against baselines: state token accuracy (%) at 3x L_train, difference of means, exact two-sided "
-             "permutation p over seeds (and the smallest p those seed counts allow).", "",
-             "| variant | baseline | seeds | mean | baseline mean | difference | p | min. p |",
-             "|---|---|---|---|---|---|---|---|"]
+    r0 = rows.iloc[0]
+    lines = [f"Against baselines: {r0.subtask} token accuracy (%) at {r0.factor}x L_train. Difference of means with "
+             "its Welch 95 % interval; p: exact two-sided permutation test over seeds (twice the smaller tail; "
+             f"min. p: the smallest those seed counts allow); Holm and BH: adjusted over the {int(r0.n_tests)} "
+             f"distinct tests of this table; verdict at Holm p < {ALPHA}.", "",
+             "| variant | baseline | seeds | mean [95 % CI] | baseline mean | difference [95 % CI] | p | min. p | "
+             "Holm p | BH p | verdict |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows.itertuples():
-        lines.append(f"| {r.variant} | {r.baseline} | {r.n_seeds} vs {r.n_seeds_baseline} | {100 * r.mean:.1f} | "
-                     f"{100 * r.mean_baseline:.1f} | {100 * r.difference:+.1f} | {r.p_permutation:.3f} | "
-                     f"{r.p_min_attainable:.3f} |")
+        ci = f" [{100 * r.mean_ci_low:.1f}, {100 * r.mean_ci_high:.1f}]" if np.isfinite(r.mean_ci_low) else ""
+        dci = (f" [{100 * r.difference_ci_low:+.1f}, {100 * r.difference_ci_high:+.1f}]"
+               if np.isfinite(r.difference_ci_low) else "")
+        lines.append(f"| {r.variant} | {r.baseline} | {r.n_seeds} vs {r.n_seeds_baseline} | {100 * r.mean:.1f}{ci} | "
+                     f"{100 * r.mean_baseline:.1f} | {100 * r.difference:+.1f}{dci} | {_p(r.p_permutation)} | "
+                     f"{_p(r.p_min_attainable)} | {_p(r.p_holm)} | {_p(r.p_bh)} | {r.verdict} |")
     return "\n".join(lines) + "\n"
 
 
 def plot_seed_dots(curves: pd.DataFrame, summary: pd.DataFrame, subtask: str = "state", factor: int = 3):
-    """Per variant: every seed's token accuracy at ``factor`` x L_train (dots) and the mean with its bootstrap
-    95 % CI over seeds (bar), from the sweep's ``curves`` and ``summary``."""
+    """Per variant: every seed's token accuracy at ``factor`` x L_train (dots) and the mean with its 95 %
+    t-interval over seeds (bar), from the sweep's ``curves`` and ``summary``."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
@@ -86,7 +116,7 @@ def plot_seed_dots(curves: pd.DataFrame, summary: pd.DataFrame, subtask: str = "
     s = summary[(summary.subtask == subtask) & (summary.metric == "token_acc") & (summary.factor == factor)]
     s = s.set_index("variant").reindex(order)
     ax.errorbar(range(len(order)), s["mean"], yerr=[s["mean"] - s.ci_low, s.ci_high - s["mean"]], fmt="_",
-                color="C3", markersize=18, capsize=4, lw=1.5, label="mean, bootstrap 95 % CI")
+                color="C3", markersize=18, capsize=4, lw=1.5, label="mean, 95 % t-interval")
     ax.set(ylim=(-0.02, 1.02), xlabel="", ylabel=f"{subtask} token accuracy at {factor}x L_train",
            title=f"{subtask} at {factor}x: every seed (dots), mean and CI (red)")
     ax.tick_params(axis="x", rotation=20)

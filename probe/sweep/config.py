@@ -20,7 +20,7 @@ else:  # pragma: no cover - Python 3.10 installs tomli (pyproject)
 SWEEP_FILE = "sweep.json"
 """In a sweep's directory: its config as JSON, so that ``--report`` knows which runs belong to it."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TOP_KEYS = {"name", "seeds", "set", "steps", "task", "variant"}
+_TOP_KEYS = {"name", "seeds", "set", "steps", "task", "variant", "eval_lengths", "eval_samples"}
 _VARIANT_KEYS = {"name", "preset", "set", "seeds", "steps", "task"}
 
 
@@ -77,6 +77,8 @@ class SweepConfig:
     overrides: tuple[str, ...] = ()
     steps: int | None = None
     task: str = "interleaved"
+    eval_lengths: str | None = None
+    eval_samples: int | None = None
 
     def __post_init__(self) -> None:
         if not self.variants:
@@ -121,8 +123,9 @@ class SweepConfig:
         """The TOML's shape, as JSON (written to ``DIR/sweep.json`` so ``--report`` knows the runs)."""
         d: dict[str, Any] = {"name": self.name, "seeds": list(self.seeds), "set": list(self.overrides),
                              "task": self.task}
-        if self.steps is not None:
-            d["steps"] = self.steps
+        for key in ("steps", "eval_lengths", "eval_samples"):
+            if getattr(self, key) is not None:
+                d[key] = getattr(self, key)
         d["variant"] = []
         for v in self.variants:
             row: dict[str, Any] = {"name": v.name, "preset": v.preset, "set": list(v.overrides)}
@@ -168,6 +171,8 @@ def config_from_dict(d: dict[str, Any], source: str = "sweep config") -> SweepCo
         seeds=_seeds(d.get("seeds", []), f"{source}: seeds"),
         overrides=_overrides(d.get("set", []), f"{source}: set"), steps=_steps(d.get("steps"), f"{source}: steps"),
         task=_typed(d.get("task", "interleaved"), str, f"{source}: task"),
+        eval_lengths=_eval_lengths(d.get("eval_lengths"), f"{source}: eval_lengths"),
+        eval_samples=_steps(d.get("eval_samples"), f"{source}: eval_samples"),
     )
 
 
@@ -211,6 +216,44 @@ def _steps(value: Any, where: str) -> int | None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ProbeError(f"{where} must be a positive integer, got {value!r}")
+    return value
+
+
+def eval_lengths_for(spec: str | None, train_length: int) -> list[int]:
+    """The lengths a run is evaluated at. ``None`` or ``"4x"``: every length up to 4x L_train. ``"Kx"`` with K > 4:
+    that, then every L_train up to K x L_train (16x of L 25: 1..100, 125, 150, ..., 400). ``"coarse"``: every
+    (L_train / 5)-th length up to 4x. Otherwise a comma list of lengths and START:STOP[:STEP] ranges
+    (``"1:100,125:400:25"``); pieces combine."""
+    from probe.core.lengths import parse_lengths
+
+    if spec is None:
+        return list(range(1, 4 * train_length + 1))
+    out: set[int] = set()
+    for part in spec.split(","):
+        part = part.strip()
+        if part == "coarse":  # what --quick evaluates: a curve's shape at a fifth of the cost
+            step = max(1, train_length // 5)
+            out |= set(range(step, 4 * train_length + 1, step)) | {train_length, 2 * train_length,
+                                                                   3 * train_length, 4 * train_length}
+        elif re.fullmatch(r"\d+x", part):
+            k = int(part[:-1])
+            if k < 1:
+                raise ProbeError(f"eval lengths {spec!r}: {part} must be at least 1x")
+            out |= set(range(1, min(k, 4) * train_length + 1))
+            out |= set(range(5 * train_length, k * train_length + 1, train_length))
+        elif ":" in part:
+            out |= set(parse_lengths(part, "--eval-lengths"))
+        else:
+            out |= set(parse_lengths(part, "--eval-lengths"))
+    return sorted(out)
+
+
+def _eval_lengths(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ProbeError(f"{where} must be a string such as \"16x\" or \"1:100,125:400:25\", got {value!r}")
+    eval_lengths_for(value, 25)  # the grammar, checked before any run
     return value
 
 

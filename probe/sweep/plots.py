@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 
 def plot_sweep(curves: pd.DataFrame, bands: pd.DataFrame, subtasks: Sequence[str] = ("state", "recall")) -> Figure:
-    """One panel per subtask: per variant the mean over seeds (thick), its bootstrap 95 % CI (band) and each seed
+    """One panel per subtask: per variant the mean over seeds (thick), its 95 % t-interval (band) and each seed
     (thin); the training lengths shaded. ``curves`` and ``bands`` as in ``SweepReport``."""
     import matplotlib.pyplot as plt
     import seaborn as sns
@@ -37,7 +37,7 @@ def plot_sweep(curves: pd.DataFrame, bands: pd.DataFrame, subtasks: Sequence[str
         ax.set(title=f"{subtask} subtask", xlabel="stream length L (tokens)", ylabel="token accuracy",
                ylim=(-0.02, 1.02))
         ax.legend(fontsize=7, loc="lower left")
-    fig.suptitle("Token accuracy vs length — thick: mean over seeds; band: bootstrap 95 % CI of the mean; "
+    fig.suptitle("Token accuracy vs length — thick: mean over seeds; band: 95 % t-interval of the mean; "
                  "thin: each seed", fontsize=8)
     fig.tight_layout()
     return fig

@@ -33,7 +33,7 @@ def write_sweep_file(cfg: SweepConfig, out: Path) -> Path:
     """Write ``DIR/sweep.json`` (the config this sweep ran, for ``--report``)."""
     out.mkdir(parents=True, exist_ok=True)
     path = out / SWEEP_FILE
-    path.write_text(json.dumps({"probe_version": __version__, "config": cfg.to_dict()}, indent=1))
+    path.write_text(json.dumps({"probe_version": __version__, "config": cfg.to_dict()}, separators=(",", ":")))
     return path
 
 

@@ -17,7 +17,7 @@ import torch
 from probe.checkpoint import load_checkpoint
 from probe.errors import ProbeError
 from probe.evaluate import evaluate_checkpoints, evaluation_envelope
-from probe.sweep.config import Run
+from probe.sweep.config import Run, eval_lengths_for
 from probe.train import TrainConfig, build_configs, train
 
 LOG, EVAL = "train.log", "eval.json"
@@ -25,10 +25,14 @@ LOG, EVAL = "train.log", "eval.json"
 
 @dataclass(frozen=True)
 class RunOptions:
-    """What every run of a sweep shares. ``eval_samples``: sequences per length of the final evaluation."""
+    """What every run of a sweep shares. ``eval_samples``: sequences per length of the final evaluation;
+    ``eval_lengths``: its lengths (``probe.sweep.config.eval_lengths_for``; None: every length up to 4x L_train);
+    ``note``: a line for every run's log (what ``--quick`` reduced)."""
 
     device: str = "cpu"
     eval_samples: int = 256
+    eval_lengths: str | None = None
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,12 +110,18 @@ def execute_run(run: Run, opts: RunOptions) -> RunResult:
 
 
 def evaluate_run(run: Run, opts: RunOptions) -> Path:
-    """``python -m probe.evaluate final.pt --samples N --json`` (lengths 1..4 x L_train) into eval.json, written
-    last and atomically: its presence marks the run finished."""
+    """``python -m probe.evaluate final.pt --samples N --lengths ... --json`` into eval.json (no indentation),
+    written last and atomically: its presence marks the run finished."""
     final = run.out / "final.pt"
-    curves = evaluate_checkpoints([final], None, opts.eval_samples, device=opts.device)
+    if opts.note:
+        print(opts.note, flush=True)
+    lengths = eval_lengths_for(opts.eval_lengths, load_checkpoint(final).task_config.train_length)
+    t0 = time.perf_counter()
+    curves = evaluate_checkpoints([final], lengths, opts.eval_samples, device=opts.device)
+    print(f"evaluated {len(lengths)} lengths x {opts.eval_samples} sequences in {time.perf_counter() - t0:.1f} s",
+          flush=True)
     tmp = run.out / f".{EVAL}.tmp"
-    tmp.write_text(json.dumps(evaluation_envelope(curves, [final]), indent=1))
+    tmp.write_text(json.dumps(evaluation_envelope(curves, [final]), separators=(",", ":")))
     os.replace(tmp, run.out / EVAL)
     return run.out / EVAL
 
