@@ -32,7 +32,7 @@ for step in "${steps[@]}"; do
       to results/gradients/final_shipped.json $PY -m probe.gradients "${hybrids[@]}" --json ;;
     attributions)
       to results/attributions/final_shipped.json $PY -m probe.attributions "${hybrids[@]}" --json
-      to results/attributions/final_ig_L25_shipped.json $PY -m probe.attributions "${hybrids[@]}" --length 25 --ig --json ;;
+      to results/attributions/final_ig_L25_shipped.json $PY -m probe.attributions "${hybrids[@]}" --lengths 25 --ig --json ;;
     probes)
       $PY -m probe.probes checkpoints/*.pt --json --out results/probes > /dev/null ;;
     shortcuts)

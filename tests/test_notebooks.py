@@ -4,6 +4,7 @@ checkpoints."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -48,6 +49,43 @@ def test_notebook_is_committed_executed(path):
             assert after is not None and after.cell_type == "markdown", f"no reading after: {cell.source[:60]!r}"
 
 
+NUMBER = re.compile(r"-?\d+\.\d+(?:e-?\d+)?")
+REL_TOL, ABS_TOL = 0.02, 0.02
+"""How far a re-executed number may move from the committed one: the notebooks' readings quote these outputs, and
+another CPU or library version may round the last digits differently but must not change a finding."""
+
+
+def _text(cell) -> str:
+    parts = []
+    for o in cell.get("outputs", []):
+        if o.get("output_type") == "stream":
+            parts.append(o.get("text", ""))
+        elif "text/plain" in o.get("data", {}):
+            parts.append(o["data"]["text/plain"])
+    return "".join(parts)
+
+
+def _numbers(cell) -> list[float]:
+    return [float(x) for x in NUMBER.findall(_text(cell))]
+
+
+def test_number_comparison_catches_a_changed_result():
+    """The comparison below must see a changed finding, or the notebook test could pass on any output."""
+    def cell(text: str):
+        return nbformat.v4.new_code_cell(outputs=[nbformat.v4.new_output("stream", text=text)])
+
+    before, after = cell("state at 3x: 0.776 [0.35, 1.0]"), cell("state at 3x: 0.512 [0.35, 1.0]")
+    assert not _close(_numbers(after), _numbers(before))
+    assert _close(_numbers(before), [0.7761, 0.35, 1.0])
+
+
+def _close(new: list[float], old: list[float]) -> bool:
+    if len(new) != len(old):
+        return False
+    return all(abs(a - b) <= max(ABS_TOL, REL_TOL * abs(b)) for a, b in zip(new, old, strict=True))
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs(path, tmp_path, monkeypatch):
     """From notebooks/, as Jupyter starts it; ``MPLBACKEND=agg`` does not stop ``setup`` drawing figures inline."""
@@ -63,6 +101,12 @@ def test_notebook_runs(path, tmp_path, monkeypatch):
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     assert [_images(c) for c in _code(nb)] == [_images(c) for c in _code(committed)]
+    # the readings quote the committed outputs: every printed number must come out the same within the tolerance
+    for new, old in zip(_code(nb), _code(committed), strict=True):
+        if "time" in new.source or "perf_counter" in new.source:
+            continue  # wall-clock figures differ by machine
+        assert _close(_numbers(new), _numbers(old)), (
+            f"{path.name}: output changed in cell {new.source[:60]!r}: {_text(new)[:300]!r} vs {_text(old)[:300]!r}")
     print(f"{path.name}: {time.perf_counter() - t0:.1f} s")
 
 

@@ -1,0 +1,278 @@
+"""The blocks of README.md and docs/*.md that quote results/: each a function of the committed results only."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats as sps
+
+from probe.core.stats import paired_interval, sign_flip_p, t_interval
+from probe.results import Grid, load_grid
+from probe.sweep.compare import compare
+
+SOLVED = 0.95
+"""A seed "holds" a length when its token accuracy there is at least this, on the subtask in question."""
+
+WHAT = {
+    "joint": "attention on and training from step 0",
+    "dat": "attention off and out of the optimizer until step 2000",
+    "stopgrad": "attention trains from step 0; no gradient flows back through it into the stream",
+    "stopgrad-rnn": "as `stopgrad`, but only the LSTMs lose the gradient through attention",
+    "stopgrad-nonrnn": "the complement: only the LSTMs keep the gradient through attention",
+    "stopgrad-rnn0": "only block 0's LSTM loses it (through both attentions)",
+    "stopgrad-rnn1": "only block 1's LSTM loses it",
+    "frozen": "random attention in the forward pass from step 0, its weights fixed until step 2000",
+    "dat-frozen-rnn": "DAT, and the LSTM frozen from the switch on",
+}
+
+
+def pct(x: float) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
+
+
+def mean_ci(values: Sequence[float]) -> str:
+    """Mean with its 95 % t-interval over seeds, in %, clipped to [0, 100] (accuracy cannot leave it)."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return pct(values.mean()) if len(values) else "–"
+    iv = t_interval(values)
+    return f"{pct(iv.estimate)} [{pct(max(iv.low, 0.0))}, {pct(min(iv.high, 1.0))}]"
+
+
+def per_seed(values: Sequence[float]) -> str:
+    return " / ".join(pct(v) for v in values)
+
+
+def _grid(root: Path, name: str) -> Grid:
+    return load_grid(root / "results" / name)
+
+
+def _runs(grid: Grid, variant: str) -> pd.DataFrame:
+    return grid.runs[grid.runs.variant == variant].sort_values("seed")
+
+
+def _holds(runs: pd.DataFrame, factor: int) -> str:
+    ok = (runs[f"state_acc_{factor}x"] >= SOLVED) & (runs[f"recall_acc_{factor}x"] >= SOLVED)
+    return f"{int(ok.sum())} of {len(runs)}"
+
+
+def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+# --- README ---------------------------------------------------------------------------------------------------------
+def headline(root: Path) -> str:
+    rows = []
+    for grid_name, variants, note in [("reproduction", ["lstm", "transformer", "hybrid-joint", "hybrid-dat"], "fp32"),
+                                      ("mechanism", ["joint", "dat"], "bf16")]:
+        grid = _grid(root, grid_name)
+        for v in variants:
+            r = _runs(grid, v)
+            name = v if grid_name == "reproduction" else f"hybrid-{v}"
+            rows.append([f"`{name}`", f"{grid_name} ({note})", len(r), mean_ci(r.state_acc_1x), mean_ci(r.state_acc_3x),
+                         per_seed(r.state_acc_3x), mean_ci(r.recall_acc_3x), _holds(r, 3)])
+    return _table(["model", "grid", "seeds", "state at 1x", "state at 3x", "state at 3x, each seed", "recall at 3x",
+                   f"seeds ≥ {100 * SOLVED:.0f} % on both at 3x"], rows)
+
+
+def _mechanism_comparisons(root: Path) -> tuple[Grid, pd.DataFrame]:
+    grid = _grid(root, "mechanism")
+    return grid, compare(grid.curves, ["joint", "dat"])
+
+
+def _p(x: float) -> str:
+    return "–" if not np.isfinite(x) else (f"{x:.3f}" if x >= 0.001 else f"{x:.1e}")
+
+
+def mechanism_short(root: Path) -> str:
+    grid, cmp = _mechanism_comparisons(root)
+    vs_joint = cmp[cmp.baseline == "joint"].set_index("variant")
+    rows = []
+    for v in grid.variants:
+        r = _runs(grid, v)
+        if v in vs_joint.index:
+            c = vs_joint.loc[v]
+            diff = f"{100 * c.difference:+.1f} [{100 * c.difference_ci_low:+.1f}, {100 * c.difference_ci_high:+.1f}]"
+            p = f"{_p(c.p_permutation)} ({_p(c.p_holm)})"
+        else:
+            diff, p = "—", "—"
+        rows.append([f"`{v}`", WHAT.get(v, ""), len(r), mean_ci(r.state_acc_3x), diff, p, mean_ci(r.recall_acc_3x)])
+    n_tests = int(cmp.n_tests.iloc[0])
+    return (_table(["variant", "what it changes", "seeds", "state at 3x [95 % CI]", "vs `joint` [95 % CI]",
+                    f"p (Holm over {n_tests})", "recall at 3x"], rows))
+
+
+# --- docs/reproduction.md -------------------------------------------------------------------------------------------
+def reproduction(root: Path) -> str:
+    grid = _grid(root, "reproduction")
+    c = grid.curves
+    rows = []
+    for v in grid.variants:
+        for sub in ("state", "recall"):
+            runs = _runs(grid, v)
+            within = c[(c.variant == v) & (c.subtask == sub) & (c.length <= c.train_length)]
+            train_mean = within.groupby("seed").token_acc.mean().sort_index()
+            cells = [mean_ci(train_mean)] + [mean_ci(runs[f"{sub}_acc_{k}x"]) for k in (1, 2, 3, 4)]
+            rows.append([v, sub, len(runs), *cells, mean_ci(runs[f"{sub}_score"])])
+    return _table(["preset", "subtask", "seeds", "1..1x", "1x (25)", "2x (50)", "3x (75)", "4x (100)", "score"], rows)
+
+
+def reproduction_seeds(root: Path) -> str:
+    grid = _grid(root, "reproduction")
+    rows = []
+    for v in grid.variants:
+        r = _runs(grid, v)
+        cells = [" / ".join(pct(s[f"state_acc_{k}x"]) for k in (1, 2, 3, 4)) for _, s in r.iterrows()]
+        seq = " / ".join(f"{100 * x:.0f}" for x in r.state_seq_acc_4x)
+        rows.append([v, *[f"seed {s}: {c}" for s, c in zip(r.seed, cells, strict=True)], f"{seq} %"])
+    n = max(len(row) for row in rows) - 2
+    return _table(["preset", *[f"run {i + 1}" for i in range(n)], "sequence acc. at 4x"], rows)
+
+
+def lr_compare(root: Path) -> str:
+    new, old = _grid(root, "reproduction"), _grid(root, "lr1e-3")
+    rows = []
+    for v in new.variants:
+        if v not in old.variants:
+            continue
+        a, b = _runs(old, v).set_index("seed"), _runs(new, v).set_index("seed")
+        seeds = sorted(set(a.index) & set(b.index))
+        rows.append([v, ", ".join(map(str, seeds)), per_seed(a.loc[seeds].state_acc_3x),
+                     per_seed(b.loc[seeds].state_acc_3x), per_seed(a.loc[seeds].recall_acc_3x)])
+    return _table(["preset", "seeds", "state at 3x, lr 1e-3", "state at 3x, lr 2e-3 (the presets)",
+                   "recall at 3x, lr 1e-3"], rows)
+
+
+# --- docs/checkpoints.md --------------------------------------------------------------------------------------------
+def shipped_joint(root: Path) -> str:
+    r = _runs(_grid(root, "precision"), "joint-fp32")
+    median = float(np.median(r.state_acc_3x))
+    pick = r.seed[np.isclose(r.state_acc_3x, median)].tolist()
+    rows = [[int(s), pct(a), pct(b), "shipped" if int(s) in pick else ""]
+            for s, a, b in zip(r.seed, r.state_acc_3x, r.recall_acc_3x, strict=True)]
+    return _table(["seed", "state at 3x", "recall at 3x", ""], rows)
+
+
+# --- docs/mechanism.md ----------------------------------------------------------------------------------------------
+def mechanism_table(root: Path) -> str:
+    grid = _grid(root, "mechanism")
+    rows = []
+    for v in grid.variants:
+        r = _runs(grid, v)
+        for sub in ("state", "recall"):
+            rows.append([v, sub, len(r), *[mean_ci(r[f"{sub}_acc_{k}x"]) for k in (1, 2, 3, 4)],
+                         mean_ci(r[f"{sub}_score"])])
+    return _table(["variant", "subtask", "seeds", "1x (25)", "2x (50)", "3x (75)", "4x (100)", "score"], rows)
+
+
+def mechanism_seeds(root: Path) -> str:
+    grid = _grid(root, "mechanism")
+    rows = []
+    for v in grid.variants:
+        r = _runs(grid, v)
+        rows.append([v, len(r), ", ".join(map(str, r.seed)), per_seed(r.state_acc_3x), per_seed(r.state_acc_4x),
+                     f"{pct(r.recall_acc_3x.min())}–{pct(r.recall_acc_3x.max())}", _holds(r, 3)])
+    return _table(["variant", "seeds", "which", "state at 3x, each seed", "state at 4x, each seed",
+                   "recall at 3x, range", f"seeds ≥ {100 * SOLVED:.0f} % on both at 3x"], rows)
+
+
+def mechanism_compare(root: Path) -> str:
+    _, cmp = _mechanism_comparisons(root)
+    rows = []
+    for r in cmp.itertuples():
+        rows.append([r.variant, r.baseline, f"{r.n_seeds} vs {r.n_seeds_baseline}",
+                     f"{100 * r.difference:+.1f} [{100 * r.difference_ci_low:+.1f}, {100 * r.difference_ci_high:+.1f}]",
+                     _p(r.p_permutation), _p(r.p_min_attainable), _p(r.p_holm), r.verdict])
+    return _table(["variant", "baseline", "seeds", "difference [95 % Welch CI]", "p", "min. p", "Holm p", "verdict"],
+                  rows)
+
+
+def _failure_bound(k: int, n: int, level: float = 0.95) -> float:
+    """One-sided Clopper–Pearson upper bound on a per-run failure rate after k failures in n runs."""
+    return 1.0 if k >= n else float(sps.beta.ppf(level, k + 1, n - k))
+
+
+def switch(root: Path) -> str:
+    mech, grid = _grid(root, "mechanism"), _grid(root, "switch")
+    entries = [("0 (`joint`)", _runs(mech, "joint"))]
+    entries += [(v.removeprefix("switch-"), _runs(grid, v)) for v in grid.variants if v.startswith("switch-")]
+    entries.insert(next(i for i, (s, _) in enumerate(entries) if s.isdigit() and int(s) > 2000) if any(
+        s.isdigit() and int(s) > 2000 for s, _ in entries) else len(entries), ("2000 (`dat`)", _runs(mech, "dat")))
+    entries += [("`adaptive`", _runs(grid, "adaptive"))]
+    rows = []
+    for name, r in entries:
+        k = int((r.state_acc_3x < SOLVED).sum())
+        rows.append([name, len(r), per_seed(r.state_acc_3x), f"{k} of {len(r)}",
+                     f"{100 * _failure_bound(k, len(r)):.0f} %", pct(r.recall_acc_3x.min())])
+    return _table(["switch step", "seeds", "state at 3x, each seed", f"runs below {100 * SOLVED:.0f} %",
+                   "95 % upper bound on the failure rate", "lowest recall at 3x"], rows)
+
+
+def precision(root: Path) -> str:
+    fp32, bf16 = _grid(root, "precision"), _grid(root, "mechanism")
+    rows = []
+    for v in ("joint", "dat"):
+        a = _runs(fp32, f"{v}-fp32").set_index("seed").state_acc_3x
+        b = _runs(bf16, v).set_index("seed").state_acc_3x
+        seeds = sorted(set(a.index) & set(b.index))
+        d = (b.loc[seeds] - a.loc[seeds]).to_numpy()
+        iv = paired_interval(b.loc[seeds].to_numpy(), a.loc[seeds].to_numpy())
+        rho = sps.spearmanr(a.loc[seeds], b.loc[seeds]).statistic
+        rows.append([v, len(seeds), per_seed(a.loc[seeds]), per_seed(b.loc[seeds]),
+                     f"{100 * d.mean():+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]", _p(sign_flip_p(d)),
+                     f"{rho:.2f}"])
+    return _table(["variant", "pairs", "fp32, each seed", "bf16 + fused AdamW, each seed",
+                   "bf16 − fp32 [95 % t-CI]", "sign-flip p", "Spearman"], rows)
+
+
+def mechanism_shortcuts(root: Path) -> str:
+    """Knock-out and sum-preserving tests of seeds 0 and 1 of the mechanism variants (``probe.shortcuts``)."""
+    import json
+
+    rows = []
+    for name in ("mechanism_seed01", "stopgrad_rnn_seed01", "stopgrad_nonrnn_seed01"):
+        results = json.loads((root / "results" / "mechanism" / "shortcuts" / f"{name}.json").read_text())["results"]
+        for ckpt in dict.fromkeys(r["checkpoint"] for r in results if str(r["checkpoint"]).endswith(".pt")):
+            mine = [r for r in results if r["checkpoint"] == ckpt]
+
+            def effect(test: str, length: int, mine: list[dict] = mine, **match: object) -> str:
+                hit = [r for r in mine if r["test"] == test and r["length"] == length
+                       and all(r.get(k) == v for k, v in match.items())]
+                return f"{hit[0]['effect']:.3f}" if hit else "–"
+
+            variant, seed = Path(ckpt).parent.parent.name, Path(ckpt).parent.name.removeprefix("seed")
+            rows.append([f"{variant} seed {seed}",
+                         " / ".join(effect("attention_knockout", L, blocks="all", subtask="state") for L in (25, 75)),
+                         " / ".join(effect("attention_knockout", L, blocks="all", subtask="recall") for L in (25, 75)),
+                         " / ".join(effect("sum_preserving", L, k=3.0) for L in (25, 75))])
+    return _table(["run", "state drop with every attention gate at 0, L 25 / 75", "recall drop, L 25 / 75",
+                   "sum-preserving (k = 3): answers changed at L 25 / 75"], rows)
+
+
+def throughput(root: Path) -> str:
+    """The benchmark's own table (``python benchmarks/throughput.py``, saved in results/throughput.txt)."""
+    text = (root / "results" / "throughput.txt").read_text()
+    head, table = text.split("\n\n", 2)[:2]
+    return "```\n" + head.strip() + "\n```\n\n" + table.strip()
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "throughput": throughput,
+    "mechanism-shortcuts": mechanism_shortcuts,
+    "headline": headline,
+    "mechanism-short": mechanism_short,
+    "reproduction": reproduction,
+    "reproduction-seeds": reproduction_seeds,
+    "lr-compare": lr_compare,
+    "shipped-joint": shipped_joint,
+    "mechanism-table": mechanism_table,
+    "mechanism-seeds": mechanism_seeds,
+    "mechanism-compare": mechanism_compare,
+    "switch": switch,
+    "precision": precision,
+}

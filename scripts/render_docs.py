@@ -1,0 +1,64 @@
+"""Render every number that README.md and docs/*.md quote from results/ into their marked blocks, or check them."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import doc_blocks  # noqa: E402  (the block renderers, beside this file)
+
+# A block is `<!-- render:NAME -->` ... `<!-- /render:NAME -->`; what lies between is owned by this script.
+BLOCK = re.compile(r"(<!-- render:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /render:(?P=name) -->)", re.S)
+
+
+def documents(root: Path) -> list[Path]:
+    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+
+
+def render_text(text: str, blocks: dict[str, Callable[[Path], str]], root: Path, where: str) -> str:
+    def fill(m: re.Match[str]) -> str:
+        name = m.group("name")
+        if name not in blocks:
+            raise SystemExit(f"{where}: unknown render block {name!r}; known: {', '.join(sorted(blocks))}")
+        body = blocks[name](root).rstrip("\n") + "\n"
+        return m.group(1) + body + m.group(4)
+
+    return BLOCK.sub(fill, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 and show a diff if a committed block differs from results/")
+    p.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
+    args = p.parse_args(argv)
+    stale = []
+    for path in documents(args.root):
+        text = path.read_text()
+        new = render_text(text, doc_blocks.BLOCKS, args.root, str(path.relative_to(args.root)))
+        if new == text:
+            continue
+        stale.append(path)
+        if args.check:
+            rel = str(path.relative_to(args.root))
+            diff = difflib.unified_diff(text.splitlines(True), new.splitlines(True), rel, rel + " (rendered)")
+            sys.stdout.writelines(diff)
+        else:
+            path.write_text(new)
+    if args.check and stale:
+        print(f"{len(stale)} document(s) disagree with results/: run python scripts/render_docs.py", file=sys.stderr)
+        return 1
+    if not args.check:
+        print(f"rendered {len(stale)} document(s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""README and docs quote results/ only through rendered blocks, and the check catches a number that drifted."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RENDER = ROOT / "scripts" / "render_docs.py"
+GRIDS = ("reproduction", "lr1e-3", "mechanism", "switch", "precision")
+
+
+def _check(root: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(RENDER), "--check", "--root", str(root)],
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def copy(tmp_path_factory) -> Path:
+    """README, docs and the grids the blocks read, in a scratch tree that a test may damage."""
+    root = tmp_path_factory.mktemp("repo")
+    shutil.copy(ROOT / "README.md", root)
+    shutil.copytree(ROOT / "docs", root / "docs")
+    for grid in GRIDS:
+        shutil.copytree(ROOT / "results" / grid, root / "results" / grid)
+    return root
+
+
+def test_committed_text_matches_results():
+    done = _check(ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr
+
+
+def test_readme_is_a_front_page():
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 160
+    for doc in re.findall(r"\]\((docs/[\w.-]+\.md)", text):
+        assert (ROOT / doc).is_file(), f"README links to a missing {doc}"
+
+
+def test_check_fails_when_a_rendered_number_is_edited_by_hand(copy):
+    readme = copy / "README.md"
+    text = readme.read_text()
+    block = re.search(r"<!-- render:headline -->\n(.*?)<!-- /render:headline -->", text, re.S)
+    assert block and re.search(r"\d\.\d", block.group(1)), "the headline block holds no number"
+    edited = block.group(1).replace("100.0", "99.0", 1)
+    assert edited != block.group(1)
+    readme.write_text(text.replace(block.group(1), edited))
+    try:
+        done = _check(copy)
+        assert done.returncode == 1 and "README.md" in done.stdout
+    finally:
+        readme.write_text(text)
+
+
+def test_check_fails_when_results_change_under_the_text(copy):
+    runs = copy / "results" / "mechanism" / "runs.jsonl"
+    original = runs.read_text()
+    first, rest = original.split("\n", 1)
+    runs.write_text(re.sub(r'"state_acc_3x":[0-9.e-]+', '"state_acc_3x":0.5', first) + "\n" + rest)
+    try:
+        assert _check(copy).returncode == 1
+    finally:
+        runs.write_text(original)
