@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from probe import hardware
 from probe.tasks import IGNORE_INDEX
-from probe.train import Trainer, bf16_note, build_configs, train_batch_seed
+from probe.train import Trainer, build_configs, train_batch_seed
 
 OPTIONS: dict[str, list[str]] = {
     "fp32": [],
@@ -48,11 +49,7 @@ def cpu_name() -> str:
 
 
 def cpu_flags() -> list[str]:
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return []
-    return sorted(flags & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+    return sorted(hardware.cpu_flags() & {"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
 
 
 def matmul_peak(dtype: torch.dtype, n: int = 1024, reps: int = 10) -> float:
@@ -97,9 +94,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     print(f"CPU: {cpu_name()}; flags: {' '.join(cpu_flags()) or 'none of avx2/avx512/amx'}; "
           f"torch {torch.__version__}, capability {torch.backends.cpu.get_cpu_capability()}, threads {args.threads}")
-    note = bf16_note(torch.device("cpu"))
-    if note:
-        print(note)
+    used, note = hardware.precision_used("bf16", torch.device("cpu"))
+    print(f"bf16 options run as {used}" + (f" ({note})" if note else ""))
     peak32, peak16 = matmul_peak(torch.float32), matmul_peak(torch.bfloat16)
     print(f"matmul peak (1024^3, best of 10): fp32 {peak32:.0f} GFLOP/s, bf16 {peak16:.0f} GFLOP/s "
           f"({peak16 / peak32:.1f}x)\n")

@@ -25,7 +25,7 @@ import torch
 from probe import __version__
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel, ModelConfig
-from probe.schedules import scope_suffix
+from probe.schedules import ScheduleConfig, old_kind, variant_name
 from probe.tasks import TaskConfig, task_from_dict
 
 FORMAT = "probe-checkpoint"
@@ -56,21 +56,44 @@ class Checkpoint:
         return self.path.name if self.path else "<memory>"
 
     @property
+    def schedule_config(self) -> ScheduleConfig | None:
+        """The run's schedule (old checkpoints' ``kind``/``switch``/``stopgrad_scope`` read as they were meant);
+        None when none is recorded or it cannot be read."""
+        sched = self.train_config.get("schedule")
+        if not isinstance(sched, dict):
+            return None
+        try:
+            return ScheduleConfig.from_dict(sched)
+        except (ProbeError, TypeError):
+            return None
+
+    @property
+    def variant(self) -> str | None:
+        """The schedule variant's one name (``joint``, ``dat``, ``stopgrad-rnn0``, ``dat+frozen-rnn``, ...)."""
+        sched = self.train_config.get("schedule")
+        try:
+            return variant_name(sched) if isinstance(sched, dict) else None
+        except ProbeError:
+            return None
+
+    @property
     def schedule(self) -> str | None:
-        return (self.train_config.get("schedule") or {}).get("kind")
+        """The schedule in the old vocabulary of kinds (``joint``, ``delayed``, ``stopgrad``, ...) that the
+        ``schedule`` column of results has always used; ``variant`` and ``label`` tell variants apart."""
+        sched = self.train_config.get("schedule")
+        try:
+            return old_kind(sched) if isinstance(sched, dict) else None
+        except ProbeError:
+            return None
 
     @property
     def label(self) -> str:
-        """What kind of run this is, for tables and legends: ``lstm``, ``transformer``, ``hybrid-joint``,
-        ``hybrid-dat`` (the ``delayed`` schedule), ``hybrid-ramp``, ..."""
+        """What kind of run this is, for tables and legends: ``lstm``, ``transformer``, or ``hybrid-`` and the
+        schedule variant's name (``hybrid-joint``, ``hybrid-dat``, ``hybrid-stopgrad-rnn0``, ...)."""
         family = self.model_config.family
         if family != "hybrid":
             return family
-        kind = self.schedule or "joint"
-        sched = self.train_config.get("schedule") or {}
-        scope = scope_suffix(str(sched.get("stopgrad_scope", "all")))
-        frozen_rnn = "+frozen-rnn" if sched.get("freeze_recurrent_after_switch", False) else ""
-        return "hybrid-" + ("dat" if kind == "delayed" else kind) + scope + frozen_rnn
+        return "hybrid-" + (self.variant or "joint")
 
     @property
     def seed(self) -> int | None:
