@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
 
 from probe.errors import ProbeError
-from probe.models import HookedLSTM
+from probe.models import HookedLSTM, HookedRecurrent, InnerHookPoint
 
 from conftest import tiny_model
 
 B, T = 3, 9
 
 
-def spec_hooks(family: str, n_layers: int, pos: str) -> dict[str, tuple[int, ...]]:
+def expected_hooks(family: str, n_layers: int, pos: str) -> dict[str, tuple[int, ...]]:
     """Every hook point of a tiny model (d_model 16, 2 heads, d_mlp 64) and the shape it caches."""
     d, h, mlp = 16, 2, 64
     ln = lambda p: {p + "hook_scale": (B, T, 1), p + "hook_normalized": (B, T, d)}  # noqa: E731
@@ -44,9 +46,9 @@ def tokens(seed: int = 0) -> torch.Tensor:
 @pytest.mark.parametrize("family,pos", [("lstm", "none"), ("hybrid", "none"), ("hybrid", "rope"),
                                         ("transformer", "learned"), ("transformer", "sinusoidal"),
                                         ("transformer", "rope"), ("transformer", "none")])
-def test_run_with_cache_has_every_spec_hook_with_its_shape(family, pos):
+def test_run_with_cache_has_every_hook_with_its_shape(family, pos):
     model = tiny_model(family, pos_encoding=pos)
-    expected = spec_hooks(family, 2, pos)
+    expected = expected_hooks(family, 2, pos)
     assert set(model.hook_dict) == set(expected)
     calls: dict[str, int] = {}
 
@@ -148,10 +150,14 @@ def test_caching_every_hook_runs_the_fused_kernel(monkeypatch):
     x = tokens()
     base = model(x)
 
-    def no_loop(*args, **kwargs):
-        raise AssertionError("a forward whose hooks only read must not unroll the LSTM")
+    step = HookedLSTM.step
 
-    monkeypatch.setattr(HookedLSTM, "_unroll", no_loop)
+    def no_loop(self, xi_t, state, put, gates=None):
+        # a read-out scans c_t over gates computed beside the kernel; a step that computes its own gates is the loop
+        assert gates is not None, "a forward whose hooks only read must not unroll the LSTM"
+        return step(self, xi_t, state, put, gates)
+
+    monkeypatch.setattr(HookedLSTM, "step", no_loop)
     logits, cache = model.run_with_cache(x)
     torch.testing.assert_close(logits, base, rtol=0, atol=1e-5)
     assert "blocks.1.lstm.hook_c" in cache and "blocks.0.lstm.hook_f" in cache
@@ -410,3 +416,277 @@ def test_shipped_checkpoints_load_with_the_new_hook_points():
     for path in paths:
         model = load_checkpoint(path).build_model()  # strict load_state_dict
         assert not any(".hook_" in k for k in model.state_dict())
+
+
+# --- override_state: several positions, bounds, nesting -----------------------------------------------------------
+def _states(seed: int, *shape: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g), 3 * torch.randn(*shape, generator=g)
+
+
+def test_override_state_at_several_positions_is_hook_edits_there_on_every_path():
+    model = tiny_model("hybrid")
+    lstm, x = model.blocks[1].lstm, tokens()
+    h, c = _states(8, B, 2, 16)
+    with lstm.override_state([6, 2], h, c):  # the order given, not sorted: h[:, 0] is position 6's
+        fused = model(x)
+        lstm.force_unrolled = True
+        unrolled = model(x)
+        lstm.force_unrolled = False
+    torch.testing.assert_close(unrolled, fused, rtol=0, atol=1e-5)
+    with lstm.override_state(2, h[:, 1], c[:, 1]), lstm.override_state(6, h[:, 0], c[:, 0]):
+        torch.testing.assert_close(model(x), fused, rtol=0, atol=1e-6)
+
+    def put(name, k, t):
+        def hook(a, hook):
+            a[:, t] = (h if name == "h" else c)[:, k]
+            return a
+        return hook
+
+    hooks = [(f"blocks.1.lstm.hook_{p}", put(p, k, t)) for p in "ch" for k, t in ((0, 6), (1, 2))]
+    for api in ("run_with_hooks", "hooks", "add_hook"):
+        torch.testing.assert_close(_run_hooked(model, x, hooks, api), fused, rtol=0, atol=1e-5)
+    base = model(x)
+    torch.testing.assert_close(fused[:, :2], base[:, :2], rtol=0, atol=1e-6)
+    assert not torch.allclose(fused[:, 2:], base[:, 2:])
+
+
+@pytest.mark.parametrize("positions,shape,match", [
+    (T, (B, 16), "outside 0..8"),
+    ([3, T + 2], (B, 2, 16), "outside 0..8"),
+    (-1, (B, 16), "integers >= 0"),
+    ([2, 2], (B, 2, 16), "distinct"),
+    (3, (B, 15), r"h must have shape \(batch, 16\)"),
+    ([1, 2], (B, 16), r"h must have shape \(batch, 2, 16\)"),
+    (3, (B + 1, 16), "batch"),
+])
+def test_override_state_out_of_bounds_or_misshapen_is_one_line(positions, shape, match):
+    model = tiny_model("lstm")
+    lstm = model.blocks[0].lstm
+    h, c = _states(0, *shape)
+    with pytest.raises(ProbeError, match=match) as info:
+        with lstm.override_state(positions, h, c):
+            model(tokens())
+    assert "\n" not in str(info.value)
+    with pytest.raises(ProbeError, match="2 states expected"):
+        with lstm.override_state(3, h):
+            pass
+    assert lstm.overridden_positions == () and lstm._override is None
+    torch.testing.assert_close(model(tokens()), tiny_model("lstm")(tokens()))
+
+
+def test_override_state_nests_and_restores_on_exit_and_on_exceptions():
+    model = tiny_model("lstm")
+    lstm, x = model.blocks[0].lstm, tokens()
+    (h2, c2), (h5, c5), (h5b, c5b) = _states(1, B, 16), _states(2, B, 16), _states(3, B, 16)
+    base = model(x)
+    with lstm.override_state(2, h2, c2):
+        outer = model(x)
+        with lstm.override_state(5, h5, c5):
+            assert lstm.overridden_positions == (2, 5)
+            with lstm.override_state([2, 5], torch.stack([h2, h5], 1), torch.stack([c2, c5], 1)):
+                both = model(x)
+            torch.testing.assert_close(model(x), both, rtol=0, atol=0)
+        torch.testing.assert_close(model(x), outer, rtol=0, atol=0)
+        with pytest.raises(RuntimeError, match="boom"):
+            with lstm.override_state(5, h5b, c5b):  # an inner block wins where both set a position
+                with lstm.override_state(5, h5, c5):
+                    assert lstm.overridden_positions == (2, 5)
+                    raise RuntimeError("boom")
+        assert lstm.overridden_positions == (2,)
+        torch.testing.assert_close(model(x), outer, rtol=0, atol=0)
+    assert lstm.overridden_positions == ()
+    torch.testing.assert_close(model(x), base, rtol=0, atol=0)
+    assert not torch.allclose(outer[:, 2:], base[:, 2:])
+
+
+def test_override_state_used_inside_a_hook_leaves_the_running_forward_and_the_layer_as_they_were():
+    model = tiny_model("lstm")
+    lstm, x = model.blocks[0].lstm, tokens()
+    h, c = _states(4, B, 16)
+    inner = {}
+
+    def probe_inside(a, hook):
+        # an analysis that asks the same layer a counterfactual while the forward is running
+        with lstm.override_state(3, h, c):
+            inner["h"] = lstm.unrolled(model.blocks[0].ln_lstm(model.embed(x)))["h"]
+        return None
+
+    out = model.run_with_hooks(x, fwd_hooks=[("blocks.0.lstm.hook_h", probe_inside)])
+    torch.testing.assert_close(out, model(x), rtol=0, atol=1e-6)
+    torch.testing.assert_close(inner["h"][:, 3], h)
+    assert lstm.overridden_positions == ()
+
+    def raise_inside(a, hook):
+        with lstm.override_state(3, h, c):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        model.run_with_hooks(x, fwd_hooks=[("blocks.0.lstm.hook_c", raise_inside)])
+    assert lstm.overridden_positions == ()
+    assert all(not hp.has_hooks() for hp in model.hook_dict.values())
+
+
+def test_the_unrolled_reference_is_the_cached_run():
+    model = tiny_model("lstm", d_model=32)
+    x = tokens(2)
+    _, cache = model.run_with_cache(x, names_filter=lambda n: n.startswith("blocks.0.lstm."))
+    values = model.blocks[0].lstm.unrolled(model.blocks[0].ln_lstm(model.embed(x)))
+    assert set(values) == set("ifgoch")
+    for p, v in values.items():
+        torch.testing.assert_close(v, cache[f"blocks.0.lstm.hook_{p}"], rtol=0, atol=1e-5)
+
+
+def test_backward_hooks_on_the_gates_and_cell_state_warn_that_they_never_fire():
+    import warnings
+
+    model = tiny_model("lstm")
+    fired = []
+
+    def record(g, hook):
+        fired.append(hook.name)
+
+    with pytest.warns(UserWarning, match=r"blocks\.0\.lstm\.hook_c never fires") as caught:
+        model.add_hook("blocks.0.lstm.hook_c", record, dir="bwd")
+    assert len(caught) == 1
+    with pytest.warns(UserWarning, match="hook_f never fires"):
+        with model.hooks(bwd_hooks=[("blocks.1.lstm.hook_f", record)]):
+            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the output's backward hook fires: no warning
+        with model.hooks(bwd_hooks=[("blocks.0.lstm.hook_h", record)]):
+            model(tokens()).sum().backward()
+    model.reset_hooks()
+    assert fired == ["blocks.0.lstm.hook_h"]
+
+
+def test_fp32_recurrence_keeps_the_kernel_in_float32_under_bf16_autocast():
+    model = tiny_model("hybrid")
+    x = tokens()
+    reference = model(x)
+    model.set_fp32_recurrence(True)
+    lstm = model.blocks[0].lstm
+    inp = model.blocks[0].ln_lstm(model.embed(x))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = lstm(inp.bfloat16())
+        logits = model(x)
+        edited = model.run_with_hooks(x, fwd_hooks=[("blocks.0.lstm.hook_h", _set_at(4, torch.zeros(B, 16)))])
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, lstm(inp), rtol=0, atol=2e-2)  # the input was rounded to bf16
+    assert (logits.float() - reference).abs().max() < 0.1
+    assert (edited.float() - logits.float()).abs().max() > 1e-2
+
+
+# --- the hook reference in docs/hooks.md ------------------------------------------------------------------------
+def documented_hooks() -> dict[str, str]:
+    """docs/hooks.md's table: hook name (``blocks.{i}.`` for a block's) -> documented shape, e.g. ``B, T, d``. In a
+    cell, a name after the first that starts with ``hook_`` is in the first's module; ``{a,b}`` lists alternatives."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "docs" / "hooks.md").read_text()
+    table: dict[str, str] = {}
+    for cell, shape in re.findall(r"^\| (`[^|]+?) \| \(([^)]*)\) \|", text, flags=re.M):
+        names = re.findall(r"`([^`]+)`", cell)
+        module = names[0].rpartition(".")[0]
+        for k, name in enumerate(names):
+            name = f"{module}.{name}" if k and name.startswith("hook_") else name
+            alternatives = re.search(r"\{([^}]*,[^}]*)\}", name)
+            expanded = [name] if alternatives is None else \
+                [name.replace(alternatives.group(0), a) for a in alternatives.group(1).split(",")]
+            table |= {n: shape for n in expanded}
+    return table
+
+
+def test_docs_hook_table_is_the_models_hooks_with_their_shapes():
+    import re
+
+    table = documented_hooks()
+    seen = set()
+    cells = [{"rnn": "gru"}, {"rnn": "ssm", "ssm_range": "positive"}, {"rnn": "ssm", "ssm_range": "negative"},
+             {"rnn": "ssm", "ssm_range": "complex", "ssm_state": 12}]
+    for family, pos, cell in [("lstm", "none", {}), ("hybrid", "none", {}), ("hybrid", "rope", {}),
+                              ("transformer", "learned", {}), ("transformer", "sinusoidal", {})] + \
+            [(family, "none", cell) for family in ("lstm", "hybrid") for cell in cells]:
+        model = tiny_model(family, pos_encoding=pos, **cell)
+        # k: the SSM's channels, s: the real numbers in its state
+        ssm = getattr(model.blocks[0], "lstm", None)
+        size = {"B": B, "T": T, "d": 16, "H": 2, "dh": 8, "d_mlp": 64, "vocab": 43, "1": 1,
+                "k": getattr(ssm, "k", None), "s": getattr(ssm, "n_state", None)}
+        _, cache = model.run_with_cache(tokens())
+        assert set(cache.keys()) == set(model.hook_dict)
+        for name, value in cache.items():
+            template = re.sub(r"^blocks\.\d+\.", "blocks.{i}.", name)
+            assert template in table, f"{name} ({family}, {pos}, {cell}) is not in docs/hooks.md"
+            documented = tuple(size[s.strip()] for s in table[template].split(","))
+            assert tuple(value.shape) == documented, f"{name}: {tuple(value.shape)}, documented ({table[template]})"
+            seen.add(template)
+    assert seen == set(table), f"documented but in no model: {sorted(set(table) - seen)}"
+
+
+# --- the template: a second cell gets hooks, causal edits and override_state from HookedRecurrent alone ----------
+class LeakyCell(HookedRecurrent):
+    """A one-gate cell, ``a = sigmoid(W x + U h_prev)``, ``h = a h_prev + (1 - a) tanh(V x)``; its "kernel" is a
+    plain loop."""
+
+    GATES = ("a",)
+    STATES = ("h",)
+
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        self.w = torch.nn.Parameter(torch.randn(2 * d, d, generator=g) / d**0.5)
+        self.u = torch.nn.Parameter(torch.randn(d, d, generator=g) / d**0.5)
+        self.hook_a = InnerHookPoint()  # [batch, pos, d]
+        self.hook_h = HookPoint()  # [batch, pos, d]
+
+    def fused(self, x, state=None):
+        h = torch.zeros(x.shape[0], self.u.shape[0]) if state is None else state[0]
+        outs = []
+        for xi in self.input_share(x).unbind(1):
+            a = torch.sigmoid(xi[:, : h.shape[1]] + h @ self.u.T)
+            h = a * h + (1 - a) * torch.tanh(xi[:, h.shape[1]:])
+            outs.append(h)
+        return torch.stack(outs, 1), (h,)
+
+    def input_share(self, x):
+        return x @ self.w.T
+
+    def gate_values(self, xi, h_prev):
+        return (torch.sigmoid(xi[..., : h_prev.shape[-1]] + h_prev @ self.u.T),)
+
+    def advance(self, xi_t, gates, state, put):
+        (a,), d = gates, state[0].shape[-1]
+        return (put("h", a * state[0] + (1 - a) * torch.tanh(xi_t[:, d:])),)
+
+    def initial_state(self, batch, like):
+        return (like.new_zeros(batch, self.u.shape[0]),)
+
+
+class _Root(HookedRootModule):
+    def __init__(self, cell):
+        super().__init__()
+        self.cell = cell
+        self.setup()
+
+    def forward(self, x):
+        return self.cell(x)
+
+
+def test_a_new_cell_gets_causal_edits_and_override_state_from_the_template():
+    root = _Root(LeakyCell(8))
+    cell = root.cell
+    x = torch.randn(B, T, 8, generator=torch.Generator().manual_seed(1))
+    _, cache = root.run_with_cache(x)
+    unrolled = cell.unrolled(x)
+    for p in "ah":
+        torch.testing.assert_close(cache[f"cell.hook_{p}"], unrolled[p], rtol=0, atol=1e-6)
+    h_new = torch.randn(B, 8, generator=torch.Generator().manual_seed(2))
+    out = root.run_with_hooks(x, fwd_hooks=[("cell.hook_h", _set_at(4, h_new))])
+    with cell.override_state(4, h_new):
+        torch.testing.assert_close(out, root(x), rtol=0, atol=1e-6)
+    torch.testing.assert_close(out[:, :4], cache["cell.hook_h"][:, :4], rtol=0, atol=0)
+    assert (out[:, 5:] - cache["cell.hook_h"][:, 5:]).abs().amax(dim=(0, 2)).min() > 1e-3
+    with pytest.warns(UserWarning, match=r"cell\.hook_a never fires.*cell\.hook_h sees"):
+        root.add_hook("cell.hook_a", lambda g, hook: None, dir="bwd")
+    root.reset_hooks()

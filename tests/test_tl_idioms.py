@@ -283,3 +283,99 @@ def test_a_misspelled_hook_name_is_one_line_naming_the_nearest(how):
     assert isinstance(info.value, ProbeError) and "\n" not in message
     assert repr(wrong) in message and "blocks.0.lstm.hook_h" in message
     assert no_hooks_left(model)
+
+
+# --- what TransformerLens users reach for next ------------------------------------------------------------------------
+def test_stacked_weights_are_the_ones_the_forward_uses():
+    from transformer_lens import FactoredMatrix
+
+    model = tiny_model("hybrid")
+    model.set_attention_gate([1.0, 0.5])
+    _, cache = model.run_with_cache(tokens())
+    assert model.W_Q.shape == model.W_K.shape == model.W_V.shape == (2, 2, 16, 8)
+    assert model.W_O.shape == (2, 2, 8, 16) and model.b_Q.shape == (2, 2, 8) and model.b_O.shape == (2, 16)
+    assert model.W_in.shape == (2, 16, 64) and model.W_out.shape == (2, 64, 16)
+    assert model.b_in.shape == (2, 64) and model.b_out.shape == (2, 16)
+    for layer in (0, 1):
+        ln_attn, ln_mlp = model.blocks[layer].ln_attn, model.blocks[layer].ln_mlp
+        x = cache["normalized", layer, "ln_attn"] * ln_attn.weight + ln_attn.bias
+        for name in "QKV":
+            w, b = getattr(model, f"W_{name}")[layer], getattr(model, f"b_{name}")[layer]
+            expected = torch.einsum("btd,hde->bthe", x, w) + b
+            torch.testing.assert_close(expected, cache[name.lower(), layer], rtol=0, atol=1e-5)
+        torch.testing.assert_close(torch.einsum("bthe,hed->bthd", cache["z", layer], model.W_O[layer]),
+                                   cache["result", layer], rtol=0, atol=1e-5)
+        pre = cache["normalized", layer, "ln_mlp"] * ln_mlp.weight + ln_mlp.bias
+        torch.testing.assert_close(pre @ model.W_in[layer] + model.b_in[layer], cache["pre", layer],
+                                   rtol=0, atol=1e-5)
+    assert isinstance(model.OV, FactoredMatrix) and isinstance(model.QK, FactoredMatrix)
+    torch.testing.assert_close(model.OV.AB, model.W_V @ model.W_O)
+    torch.testing.assert_close(model.QK.AB, model.W_Q @ model.W_K.transpose(-2, -1))
+    with pytest.raises(ProbeError, match="no attention"):
+        _ = tiny_model("lstm").W_Q
+
+
+def test_d_mlp_is_the_mlp_width_also_for_configs_saved_without_it():
+    from probe.checkpoint import load_checkpoint
+    from probe.models import ModelConfig
+
+    assert tiny_model("hybrid").cfg.d_mlp == 64
+    old = ModelConfig(family="lstm", d_model=32).to_dict() | {"d_mlp": None}
+    cfg = ModelConfig.from_dict(old)
+    assert cfg.d_mlp == cfg.mlp_dim == 128 and cfg == ModelConfig(family="lstm", d_model=32, d_mlp=128)
+    ckpt = load_checkpoint(sorted(__import__("pathlib").Path(__file__).parents[1].glob("checkpoints/*.pt"))[0])
+    assert ckpt.model_config.d_mlp == ckpt.build_model().blocks[0].mlp.W_in.out_features
+
+
+def test_to_tokens_and_to_str_tokens_of_a_string():
+    task = make_task("interleaved", train_length=8)
+    model = tiny_model("hybrid", vocab_size=task.vocab_size)
+    model.task = task
+    ids = model.to_tokens("k1 v2 |  3 4")
+    assert ids.shape == (1, 5) and ids.dtype == torch.long
+    assert model.to_str_tokens(ids[0]) == ["k1", "v2", "|", "3", "4"] == model.to_str_tokens("k1 v2 | 3 4")
+    assert model.to_tokens(["1 2", "3 4"]).tolist() == [[1, 2], [3, 4]]
+    model(model.to_tokens("k0 v0 | 1 2 3"))
+    with pytest.raises(ProbeError, match="no token named 'x'"):
+        model.to_tokens("1 x 3")
+    with pytest.raises(ProbeError, match="one length"):
+        model.to_tokens(["1 2", "3"])
+
+
+def test_neuron_results_add_up_to_the_mlp_output():
+    model = tiny_model("hybrid")
+    _, cache = model.run_with_cache(tokens())
+    neurons = cache.get_neuron_results(1)
+    assert neurons.shape == (B, T, 64, 16)
+    torch.testing.assert_close(neurons.sum(-2) + model.b_out[1], cache["mlp_out", 1], rtol=0, atol=1e-5)
+    torch.testing.assert_close(cache.get_neuron_results(1, neuron_slice=[3, 5], pos_slice=2),
+                               neurons[:, 2, [3, 5]], rtol=0, atol=0)
+    stack, labels = cache.stack_neuron_results(2, return_labels=True)
+    assert stack.shape == (128, B, T, 16) and labels[64] == "L1N0"
+    direction = torch.randn(16, 3, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(cache.stack_neuron_results(2, apply_ln=True, project_output_onto=direction),
+                               cache.apply_ln_to_stack(stack, 2) @ direction, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("family,pos", [("lstm", "none"), ("transformer", "learned"), ("hybrid", "none")])
+def test_full_resid_decomposition_sums_to_the_stream(family, pos):
+    model = tiny_model(family, pos_encoding=pos)
+    if family == "hybrid":
+        model.set_attention_gate([1.0, 0.5])  # heads and their bias are gated
+    _, cache = model.run_with_cache(tokens())
+    parts, labels = cache.get_full_resid_decomposition(return_labels=True)
+    assert len(labels) == len(parts) and labels[-1] == "bias"
+    assert ("L1H1" in labels) == (family != "lstm") and ("1_lstm_out" in labels) == (family != "transformer")
+    assert ("pos_embed" in labels) == (pos == "learned") and "L1N63" in labels
+    torch.testing.assert_close(parts.sum(0), cache["resid_post", -1], rtol=0, atol=1e-4)
+    for kwargs, target in (({"layer": 1, "mlp_input": True}, cache["resid_mid", 1]),
+                           ({"layer": 1, "expand_neurons": False}, cache["resid_pre", 1]),
+                           ({"layer": 0}, cache["resid_pre", 0])):
+        torch.testing.assert_close(cache.get_full_resid_decomposition(**kwargs).sum(0), target, rtol=0, atol=1e-4)
+    # with the final LayerNorm applied and projected onto a token's direction, the parts add up to its logit
+    direction = model.tokens_to_residual_directions(5)
+    folded, _ = cache.get_full_resid_decomposition(apply_ln=True, project_output_onto=direction, return_labels=True)
+    assert folded.shape == (len(labels), B, T)
+    constant = model.b_U[5] + model.ln_final.bias @ model.W_U[:, 5]
+    logits = cache["hook_logits"][..., 5]
+    torch.testing.assert_close(folded.sum(0) + constant, logits, rtol=0, atol=1e-4)

@@ -41,6 +41,8 @@ class SequenceActivationCache(ActivationCache):
     - LayerNorm scales are the block's own: the input to block l is normalised by its first LN (``ln_lstm``, or
       ``ln_attn`` in a Transformer), the MLP's input (``mlp_input=True``) by ``ln_mlp``; TransformerLens's names
       ``ln1`` / ``ln2`` do not exist here;
+    - ``get_neuron_results`` / ``stack_neuron_results`` read each MLP's ``W_out`` from its ``nn.Linear``;
+    - ``get_full_resid_decomposition`` also lists each block's LSTM output and gates the heads and their bias;
     - a missing key is a one-line ``UnknownHookError`` that names the nearest cached keys.
     """
 
@@ -117,3 +119,88 @@ class SequenceActivationCache(ActivationCache):
             w_o = attn.W_O.weight.view(-1, attn.n_heads, attn.d_head)
             self.cache_dict[key] = torch.einsum("...hd,mhd->...hm", self[f"blocks.{i}.attn.hook_z"], w_o).detach()
         return all_cached
+
+    def get_neuron_results(self, layer: int, neuron_slice: Slice | SliceInput = None,
+                           pos_slice: Slice | SliceInput = None,
+                           project_output_onto: Tensor | None = None) -> Float[Tensor, "*batch_and_pos neuron d"]:
+        """Each neuron's contribution to the stream, ``post[n] * W_out[n]`` (not cached: cheap to recompute);
+        ``project_output_onto`` ((d_model,) or (d_model, k)) contracts ``W_out`` with it first."""
+        neuron_slice = neuron_slice if isinstance(neuron_slice, Slice) else Slice(neuron_slice)
+        pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
+        # position first: slicing it may drop a dimension, and the neuron axis is the last either way
+        acts = neuron_slice.apply(pos_slice.apply(self[f"blocks.{layer}.mlp.hook_post"], dim=-2), dim=-1)
+        w_out = neuron_slice.apply(self.model.blocks[layer].mlp.W_out.weight.T, dim=0)  # neuron d_model
+        if project_output_onto is not None:
+            w_out = w_out @ project_output_onto
+            if w_out.dim() == 1:
+                return acts * w_out
+        return acts[..., None] * w_out
+
+    def _stack_neuron_results_apply_ln_projected(self, layer: int, pos_slice: Slice, neuron_slice: Slice,
+                                                 project_2d: Tensor, mlp_input: bool = False) -> Tensor:
+        # TransformerLens folds the LayerNorm into W_out read as a tensor; here the full stack is normalised, then
+        # projected (the same numbers, without the memory saving)
+        parts = [self.get_neuron_results(i, neuron_slice, pos_slice) for i in range(layer)]
+        if not parts:
+            embed = pos_slice.apply(self["hook_embed"], dim=-2)
+            return embed.new_zeros(0, *embed.shape[:-1], project_2d.shape[-1])
+        stack = torch.cat(parts, dim=-2).movedim(-2, 0)
+        return self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, mlp_input=mlp_input) @ project_2d
+
+    def get_full_resid_decomposition(
+        self,
+        layer: int | None = None,
+        mlp_input: bool = False,
+        expand_neurons: bool = True,
+        apply_ln: bool = False,
+        pos_slice: Slice | SliceInput = None,
+        return_labels: bool = False,
+        project_output_onto: Tensor | None = None,
+    ) -> Float[Tensor, "component *batch_and_pos d"] | tuple[Tensor, list[str]]:
+        """The stream entering block ``layer`` (default: the final stream; with ``mlp_input`` the one entering its
+        MLP) as a stack that sums to it: every head's result times its block's attention gate (``L0H1``), each
+        block's LSTM output (``0_lstm_out``: a recurrence has no linear split into parts), every neuron's result
+        (``L0N5``) or, with ``expand_neurons=False``, each MLP's output (``0_mlp_out``, biases included), then
+        ``embed``, ``pos_embed`` (where the model has one) and ``bias`` (``model.accumulated_bias``). With
+        ``apply_ln`` each component is normalised by the LayerNorm scale of what reads the stream;
+        ``project_output_onto`` ((d_model,) or (d_model, k)) projects the finished stack."""
+        model = self.model
+        n_layers = model.cfg.n_layers
+        layer = n_layers if layer is None or layer == -1 else layer
+        if mlp_input and layer >= n_layers:
+            raise ProbeError(f"mlp_input needs a block below {n_layers}, not layer {layer}")
+        pos_slice = pos_slice if isinstance(pos_slice, Slice) else Slice(pos_slice)
+        parts: list[Tensor] = []
+        labels: list[str] = []
+        with_heads = layer + int(mlp_input)  # the blocks whose attention wrote into this stream
+        if model.cfg.has_attention and with_heads:
+            heads, head_labels = self.stack_head_results(with_heads, pos_slice=pos_slice, return_labels=True)
+            gates = torch.stack([b.attn_gate for b in model.blocks[:with_heads]]).repeat_interleave(model.cfg.n_heads)
+            parts.append(heads * gates.view(-1, *[1] * (heads.dim() - 1)))
+            labels += head_labels
+        if model.cfg.has_lstm and with_heads:
+            lstm, lstm_labels = self.decompose_resid(layer, mlp_input=mlp_input, mode="lstm", incl_embeds=False,
+                                                     pos_slice=pos_slice, return_labels=True)
+            parts.append(lstm)
+            labels += lstm_labels
+        if layer:
+            if expand_neurons:
+                neurons, neuron_labels = self.stack_neuron_results(layer, pos_slice=pos_slice, return_labels=True)
+            else:
+                neurons, neuron_labels = self.decompose_resid(layer, mode="mlp", incl_embeds=False,
+                                                              pos_slice=pos_slice, return_labels=True)
+            parts.append(neurons)
+            labels += neuron_labels
+        for key, label in (("hook_embed", "embed"), ("hook_pos_embed", "pos_embed")):
+            if key in model.hook_dict:
+                parts.append(pos_slice.apply(self[key], dim=-2)[None])
+                labels.append(label)
+        bias = model.accumulated_bias(layer, mlp_input, include_mlp_biases=expand_neurons)
+        parts.append(bias.expand(parts[-1].shape)[:1])
+        labels.append("bias")
+        stack = torch.cat(parts, dim=0)
+        if apply_ln:
+            stack = self.apply_ln_to_stack(stack, layer, pos_slice=pos_slice, mlp_input=mlp_input)
+        if project_output_onto is not None:
+            stack = stack @ project_output_onto
+        return (stack, labels) if return_labels else stack

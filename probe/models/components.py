@@ -1,4 +1,4 @@
-"""Hooked building blocks: positional encodings, LayerNorm, causal attention, the MLP (the LSTM: ``lstm.py``)."""
+"""Hooked building blocks: positional encodings, LayerNorm, causal attention, the MLP, the recurrent cell's maker."""
 
 from __future__ import annotations
 
@@ -12,14 +12,26 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.errors import ProbeError
 from probe.models.config import ModelConfig
-from probe.models.lstm import HookedLSTM, listened
+from probe.models.gru import HookedGRU
+from probe.models.lstm import HookedLSTM
+from probe.models.recurrent import HookedRecurrent, listened
+from probe.models.ssm import HookedSSM
 
-__all__ = ["MASK_VALUE", "MLP", "CausalAttention", "HookedLSTM", "HookedLayerNorm", "PosEmbed", "apply_rope",
-           "sinusoidal_table"]
+__all__ = ["MASK_VALUE", "MLP", "CausalAttention", "HookedGRU", "HookedLSTM", "HookedLayerNorm", "HookedSSM",
+           "PosEmbed", "apply_rope", "recurrent_cell", "sinusoidal_table"]
 
 MASK_VALUE = -1e5
 """Score written above the causal diagonal: finite (so attributions through scores stay finite), yet exp() of it
 underflows to exactly 0 in float32, as TransformerLens does."""
+
+
+def recurrent_cell(cfg: ModelConfig) -> HookedRecurrent:
+    """The recurrent sublayer that ``cfg.rnn`` names (the cells: ``lstm.py``, ``gru.py``, ``ssm.py``)."""
+    if cfg.rnn == "gru":
+        return HookedGRU(cfg.d_model)
+    if cfg.rnn == "ssm":
+        return HookedSSM(cfg.d_model, cfg.ssm_state, cfg.ssm_range)
+    return HookedLSTM(cfg.d_model)
 
 
 def sinusoidal_table(positions: Int[Tensor, "*pos"], d_model: int) -> Float[Tensor, "*pos d_model"]:
@@ -76,8 +88,8 @@ class HookedLayerNorm(nn.LayerNorm):
 
     def __init__(self, d_model: int) -> None:
         super().__init__(d_model)
-        self.hook_scale = HookPoint()
-        self.hook_normalized = HookPoint()
+        self.hook_scale = HookPoint()  # [batch, pos, 1]
+        self.hook_normalized = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         if not (listened(self.hook_scale) or listened(self.hook_normalized)):
@@ -101,16 +113,16 @@ class CausalAttention(nn.Module):
         self.W_K = nn.Linear(cfg.d_model, cfg.d_model)
         self.W_V = nn.Linear(cfg.d_model, cfg.d_model)
         self.W_O = nn.Linear(cfg.d_model, cfg.d_model)
-        self.hook_q = HookPoint()  # batch pos head d_head
-        self.hook_k = HookPoint()
-        self.hook_v = HookPoint()
+        self.hook_q = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_k = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_v = HookPoint()  # [batch, pos, head, d_head]
         if self.rope:
-            self.hook_rot_q = HookPoint()  # batch pos head d_head
-            self.hook_rot_k = HookPoint()
-        self.hook_attn_scores = HookPoint()  # batch head query_pos key_pos
-        self.hook_pattern = HookPoint()
-        self.hook_z = HookPoint()  # batch pos head d_head
-        self.hook_result = HookPoint()  # batch pos head d_model
+            self.hook_rot_q = HookPoint()  # [batch, pos, head, d_head]
+            self.hook_rot_k = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_attn_scores = HookPoint()  # [batch, head, query_pos, key_pos]
+        self.hook_pattern = HookPoint()  # [batch, head, query_pos, key_pos]
+        self.hook_z = HookPoint()  # [batch, pos, head, d_head]
+        self.hook_result = HookPoint()  # [batch, pos, head, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"]) -> Tensor:
         b, t, _ = x.shape
@@ -139,8 +151,8 @@ class MLP(nn.Module):
         super().__init__()
         self.W_in = nn.Linear(cfg.d_model, cfg.mlp_dim)
         self.W_out = nn.Linear(cfg.mlp_dim, cfg.d_model)
-        self.hook_pre = HookPoint()
-        self.hook_post = HookPoint()
+        self.hook_pre = HookPoint()  # [batch, pos, d_mlp]
+        self.hook_post = HookPoint()  # [batch, pos, d_mlp]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
         return self.W_out(self.hook_post(F.gelu(self.hook_pre(self.W_in(x)))))

@@ -12,28 +12,55 @@ from probe.errors import ProbeError
 
 FAMILIES = ("lstm", "transformer", "hybrid")
 POS_ENCODINGS = ("none", "learned", "sinusoidal", "rope")
+CELLS = ("lstm", "gru", "ssm")
+SSM_RANGES = ("positive", "negative", "complex")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Size and kind of a model. ``max_len`` bounds positions only for ``learned`` encodings (a table)."""
+    """Size and kind of a model. ``max_len`` bounds positions only for ``learned`` encodings (a table).
+
+    ``d_mlp`` defaults to 4 x ``d_model``, resolved when the config is made, so that ``cfg.d_mlp`` is the MLP's width
+    as TransformerLens reads it (a config saved before this stores None and loads as the same model).
+
+    ``rnn`` is the recurrent sublayer's cell in the ``lstm`` and ``hybrid`` families: ``lstm`` (the default, so a
+    config saved before the field existed loads as the model it was), ``gru`` or ``ssm`` (docs/recurrent.md). The
+    SSM's ``ssm_range`` says where its transitions lie (``positive`` (0, 1), ``negative`` (-1, 1), ``complex``), and
+    ``ssm_state`` is the number of real numbers in its state per layer (default d_model; complex keeps
+    ``ssm_state / 2`` complex channels, so it must be even). The two are ignored by the other cells.
+    """
 
     family: str = "hybrid"
     vocab_size: int = 43
     d_model: int = 128
     n_layers: int = 2
     n_heads: int = 4
-    d_mlp: int | None = None
+    d_mlp: int | None = None  # None: 4 x d_model, resolved in __post_init__
     max_len: int = 512
     pos_encoding: str = "none"
+    rnn: str = "lstm"
+    ssm_state: int | None = None  # None: d_model, resolved in __post_init__ for rnn="ssm"
+    ssm_range: str = "positive"
 
     def __post_init__(self) -> None:
+        if self.d_mlp is None:
+            object.__setattr__(self, "d_mlp", 4 * self.d_model)  # frozen: resolving a default, not a change
         if self.family not in FAMILIES:
             raise ProbeError(f"unknown model family {self.family!r}; choose one of {', '.join(FAMILIES)}")
+        if self.rnn not in CELLS:
+            raise ProbeError(f"unknown recurrent cell rnn={self.rnn!r}; choose one of {', '.join(CELLS)}")
+        if self.ssm_range not in SSM_RANGES:
+            raise ProbeError(f"unknown ssm_range {self.ssm_range!r}; choose one of {', '.join(SSM_RANGES)}")
+        if self.rnn == "ssm":
+            if self.ssm_state is None:
+                object.__setattr__(self, "ssm_state", self.d_model)  # frozen: resolving a default
+            if self.ssm_state < 1 or (self.ssm_range == "complex" and self.ssm_state % 2):
+                raise ProbeError(f"ssm_state={self.ssm_state} must be positive, and even for ssm_range=complex "
+                                 "(it counts real numbers: real and imaginary parts)")
         if self.pos_encoding not in POS_ENCODINGS:
             raise ProbeError(f"unknown pos_encoding {self.pos_encoding!r}; choose one of {', '.join(POS_ENCODINGS)}")
-        if self.d_model < 1 or self.n_layers < 1 or self.vocab_size < 2:
-            raise ProbeError("d_model and n_layers must be positive and vocab_size at least 2")
+        if self.d_model < 1 or self.n_layers < 1 or self.vocab_size < 2 or self.d_mlp < 1:  # type: ignore[operator]
+            raise ProbeError("d_model, d_mlp and n_layers must be positive and vocab_size at least 2")
         if self.has_attention and self.d_model % self.n_heads:
             raise ProbeError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.pos_encoding == "rope" and (self.d_model // self.n_heads) % 2:
@@ -41,6 +68,7 @@ class ModelConfig:
 
     @property
     def has_lstm(self) -> bool:
+        """Whether the blocks have the recurrent sublayer (``blocks.{i}.lstm``, whatever the cell)."""
         return self.family in ("lstm", "hybrid")
 
     @property
@@ -53,7 +81,8 @@ class ModelConfig:
 
     @property
     def mlp_dim(self) -> int:
-        return self.d_mlp if self.d_mlp is not None else 4 * self.d_model
+        """The MLP's width (``d_mlp``; the older name)."""
+        return self.d_mlp
 
     # --- the names TransformerLens's helpers read (``transformer_lens.patching``, ``ActivationCache``) ----------
     # Properties, not fields: a checkpoint's config stays what it was.

@@ -11,24 +11,28 @@ import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
-from transformer_lens import HookedRootModule
+from transformer_lens import FactoredMatrix, HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
 from probe.errors import ProbeError
 from probe.models.cache import SequenceActivationCache, unknown_hook
-from probe.models.components import MLP, CausalAttention, HookedLayerNorm, HookedLSTM, PosEmbed
+from probe.models.components import MLP, CausalAttention, HookedLayerNorm, PosEmbed, recurrent_cell
 from probe.models.config import ModelConfig
+from probe.models.recurrent import HookedRecurrent
 from probe.tasks import IGNORE_INDEX, TaskConfig
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 
 
 class Block(nn.Module):
-    """``[LN -> LSTM] -> [LN -> causal MHA, times the gate] -> LN -> MLP``, each sublayer residual.
+    """``[LN -> recurrent cell] -> [LN -> causal MHA, times the gate] -> LN -> MLP``, each sublayer residual.
 
     ``hook_resid_mid`` is the stream entering the MLP sublayer (TransformerLens's ``resid_mid``).
 
-    The LSTM sublayer exists for ``lstm`` and ``hybrid``, attention for ``transformer`` and ``hybrid``. ``attn_gate``
+    The recurrent sublayer exists for ``lstm`` and ``hybrid``, attention for ``transformer`` and ``hybrid``. It is
+    ``blocks.{i}.lstm`` (with ``ln_lstm`` and ``hook_lstm_out``) whatever the cell (``cfg.rnn``): one name for the
+    slot, as TransformerLens keeps ``attn`` for every attention variant, so hook names, cache keys, checkpoints and
+    every analysis read any cell the same way (docs/recurrent.md). ``attn_gate``
     is a buffer (0 = off, 1 = on, in between for ramps) that multiplies attention's output, so attention hooks fire
     and cache keys stay the same whatever the gate; ``hook_attn_out`` sees the gated output that joins the stream.
     ``attn_stopgrad`` (set by the trainer's ``stopgrad`` schedule) detaches the stream where it enters the attention
@@ -38,22 +42,22 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.hook_resid_pre = HookPoint()
+        self.hook_resid_pre = HookPoint()  # [batch, pos, d_model]
         if cfg.has_lstm:
             self.ln_lstm = HookedLayerNorm(cfg.d_model)
-            self.lstm = HookedLSTM(cfg.d_model)
-            self.hook_lstm_out = HookPoint()
+            self.lstm = recurrent_cell(cfg)
+            self.hook_lstm_out = HookPoint()  # [batch, pos, d_model]
         if cfg.has_attention:
             self.ln_attn = HookedLayerNorm(cfg.d_model)
             self.attn = CausalAttention(cfg)
-            self.hook_attn_out = HookPoint()
+            self.hook_attn_out = HookPoint()  # [batch, pos, d_model]
             self.register_buffer("attn_gate", torch.ones(()))
             self.attn_stopgrad = False
-        self.hook_resid_mid = HookPoint()
+        self.hook_resid_mid = HookPoint()  # [batch, pos, d_model]
         self.ln_mlp = HookedLayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
-        self.hook_mlp_out = HookPoint()
-        self.hook_resid_post = HookPoint()
+        self.hook_mlp_out = HookPoint()  # [batch, pos, d_model]
+        self.hook_resid_post = HookPoint()  # [batch, pos, d_model]
 
     def forward(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"]) -> Tensor:
         x = self.hook_resid_pre(x)
@@ -77,7 +81,7 @@ class HookedSequenceModel(HookedRootModule):
     (3, 4, 7, 7)
 
     ``run_with_cache`` returns a TransformerLens ``ActivationCache`` (``SequenceActivationCache``); hook names and
-    their semantics are listed in README's "Hooks" section; a misspelled name raises ``UnknownHookError`` (a
+    their semantics are listed in docs/hooks.md; a misspelled name raises ``UnknownHookError`` (a
     ``ProbeError`` and a ``KeyError``) naming the nearest ones. ``task`` (optional) gives ``to_str_tokens`` its
     vocabulary.
     """
@@ -88,14 +92,14 @@ class HookedSequenceModel(HookedRootModule):
         self.cfg = dataclasses.replace(cfg)
         self.task = task
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.hook_embed = HookPoint()
+        self.hook_embed = HookPoint()  # [batch, pos, d_model]
         if cfg.family == "transformer" and cfg.pos_encoding in ("learned", "sinusoidal"):
             self.pos_embed = PosEmbed(cfg)
-            self.hook_pos_embed = HookPoint()
+            self.hook_pos_embed = HookPoint()  # [batch, pos, d_model]
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
         self.ln_final = HookedLayerNorm(cfg.d_model)
         self.unembed = nn.Linear(cfg.d_model, cfg.vocab_size)
-        self.hook_logits = HookPoint()
+        self.hook_logits = HookPoint()  # [batch, pos, vocab]
         self.setup()
 
     def forward(
@@ -183,6 +187,97 @@ class HookedSequenceModel(HookedRootModule):
     def b_U(self) -> Float[Tensor, "vocab"]:
         return self.unembed.bias
 
+    # TransformerLens's stacked weights: [n_layers, ...], heads split as in HookedTransformer. Copies, not views of
+    # the parameters: the attention and MLP weights live in nn.Linear modules (checkpoint keys stay as they are).
+    def _attention(self, what: str) -> list[CausalAttention]:
+        if not self.cfg.has_attention:
+            raise ProbeError(f"{what}: an {self.cfg.family} model has no attention")
+        return [b.attn for b in self.blocks]
+
+    def _split_in(self, name: str) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        h, dh, d = self.cfg.n_heads, self.cfg.d_head, self.cfg.d_model
+        return torch.stack([getattr(a, name).weight.view(h, dh, d).transpose(1, 2) for a in self._attention(name)])
+
+    def _split_bias(self, name: str) -> Float[Tensor, "n_layers n_heads d_head"]:
+        h, dh = self.cfg.n_heads, self.cfg.d_head
+        return torch.stack([getattr(a, name).bias.view(h, dh) for a in self._attention(name.replace("W", "b"))])
+
+    @property
+    def W_Q(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._split_in("W_Q")
+
+    @property
+    def W_K(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._split_in("W_K")
+
+    @property
+    def W_V(self) -> Float[Tensor, "n_layers n_heads d_model d_head"]:
+        return self._split_in("W_V")
+
+    @property
+    def W_O(self) -> Float[Tensor, "n_layers n_heads d_head d_model"]:
+        h, dh, d = self.cfg.n_heads, self.cfg.d_head, self.cfg.d_model
+        return torch.stack([a.W_O.weight.view(d, h, dh).permute(1, 2, 0) for a in self._attention("W_O")])
+
+    @property
+    def b_Q(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        return self._split_bias("W_Q")
+
+    @property
+    def b_K(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        return self._split_bias("W_K")
+
+    @property
+    def b_V(self) -> Float[Tensor, "n_layers n_heads d_head"]:
+        return self._split_bias("W_V")
+
+    @property
+    def b_O(self) -> Float[Tensor, "n_layers d_model"]:
+        """Attention's output bias, before the gate (the stream gets ``attn_gate * b_O``)."""
+        return torch.stack([a.W_O.bias for a in self._attention("b_O")])
+
+    @property
+    def QK(self) -> FactoredMatrix:
+        """Each head's ``W_Q W_K^T`` (d_model x d_model), as a ``FactoredMatrix``; with rope the scores also depend
+        on the relative position, which this leaves out (as TransformerLens does)."""
+        return FactoredMatrix(self.W_Q, self.W_K.transpose(-2, -1))
+
+    @property
+    def OV(self) -> FactoredMatrix:
+        """Each head's ``W_V W_O`` (d_model x d_model), as a ``FactoredMatrix``, before the attention gate."""
+        return FactoredMatrix(self.W_V, self.W_O)
+
+    @property
+    def W_in(self) -> Float[Tensor, "n_layers d_model d_mlp"]:
+        return torch.stack([b.mlp.W_in.weight.T for b in self.blocks])
+
+    @property
+    def b_in(self) -> Float[Tensor, "n_layers d_mlp"]:
+        return torch.stack([b.mlp.W_in.bias for b in self.blocks])
+
+    @property
+    def W_out(self) -> Float[Tensor, "n_layers d_mlp d_model"]:
+        return torch.stack([b.mlp.W_out.weight.T for b in self.blocks])
+
+    @property
+    def b_out(self) -> Float[Tensor, "n_layers d_model"]:
+        return torch.stack([b.mlp.W_out.bias for b in self.blocks])
+
+    def accumulated_bias(self, layer: int, mlp_input: bool = False,
+                         include_mlp_biases: bool = True) -> Float[Tensor, "d_model"]:
+        """What the biases of blocks before ``layer`` add to the stream (each attention's ``attn_gate * b_O`` and,
+        with ``include_mlp_biases``, each MLP's ``b_out``); with ``mlp_input``, block ``layer``'s attention bias too.
+        The recurrent cell's biases act inside its recurrence, so its whole output is one component instead."""
+        total = torch.zeros(self.cfg.d_model, device=self.embed.weight.device)
+        blocks = list(self.blocks[:layer])
+        for block in blocks + ([self.blocks[layer]] if mlp_input else []):
+            if hasattr(block, "attn"):
+                total = total + block.attn_gate * block.attn.W_O.bias
+        if include_mlp_biases:
+            for block in blocks:
+                total = total + block.mlp.W_out.bias
+        return total
+
     def tokens_to_residual_directions(self, tokens: int | str | Int[Tensor, "..."]) -> Float[Tensor, "... d_model"]:
         """The direction in the final residual stream (after centring and dividing by ``ln_final``'s scale) that
         gives each token's logit: its unembedding row times ``ln_final.weight``. Folding the LN weight in makes
@@ -202,13 +297,15 @@ class HookedSequenceModel(HookedRootModule):
             raise ProbeError(f"task {task.name} has {task.vocab_size} tokens, the model {self.cfg.vocab_size}")
         return task
 
-    def to_str_tokens(self, tokens: Int[Tensor, "pos"] | Int[Tensor, "batch pos"],
+    def to_str_tokens(self, tokens: str | Int[Tensor, "pos"] | Int[Tensor, "batch pos"],
                       task: TaskConfig | None = None) -> list[str] | list[list[str]]:
         """Readable names of tokens (``3`` number, ``k5`` key, ``v2`` value, ``|`` SEP), as
-        ``probe.viz.token_labels``; a batch gives one list per sequence."""
+        ``probe.viz.token_labels``; a batch gives one list per sequence, a string (``"k1 v2 | 3 4"``) its names."""
         from probe.viz import token_labels
 
         task = self._task(task)
+        if isinstance(tokens, str):
+            tokens = self.to_tokens(tokens, task)[0]
         tokens = torch.as_tensor(tokens)
         if tokens.dim() == 2:
             return [token_labels(task, row) for row in tokens]
@@ -221,6 +318,17 @@ class HookedSequenceModel(HookedRootModule):
         if label not in names:
             raise ProbeError(f"no token named {label!r}; names are numbers 0..{task.m - 1}, k0.., v0.. and |")
         return names.index(label)
+
+    def to_tokens(self, text: str | Sequence[str], task: TaskConfig | None = None) -> Int[Tensor, "batch pos"]:
+        """Token ids of whitespace-separated names (``"k1 v2 | 3 4"``), on the model's device: ``(1, pos)`` for a
+        string, ``(batch, pos)`` for a list of strings of one length. The task vocabulary has no BOS token, so
+        nothing is prepended."""
+        task = self._task(task)
+        texts = [text] if isinstance(text, str) else list(text)
+        rows = [[self.to_single_token(name, task) for name in t.split()] for t in texts]
+        if not rows or any(len(r) != len(rows[0]) for r in rows) or not rows[0]:
+            raise ProbeError(f"to_tokens needs non-empty strings of one length, got lengths {[len(r) for r in rows]}")
+        return torch.tensor(rows, dtype=torch.long, device=self.embed.weight.device)
 
     # --- attention gates --------------------------------------------------------------------------------
     @property
@@ -250,11 +358,19 @@ class HookedSequenceModel(HookedRootModule):
             block.attn_stopgrad = bool(value)
 
     def recurrent_parameters(self, block: int | None = None) -> list[nn.Parameter]:
-        """Parameters of the recurrent sublayers (the LSTMs and their pre-LN): what ``freeze_recurrent_after_switch``
-        holds fixed; with ``block``, that block's only (none if it has no LSTM)."""
+        """Parameters of the recurrent sublayers (any cell, and their pre-LN): what ``freeze_recurrent_after_switch``
+        holds fixed; with ``block``, that block's only (none if it has no recurrent sublayer)."""
         blocks = self.blocks if block is None else [self.blocks[block]]
         return [p for b in blocks if hasattr(b, "lstm") for m in (b.lstm, b.ln_lstm) for p in m.parameters()]
 
     @property
-    def lstm_layers(self) -> list[HookedLSTM]:
+    def lstm_layers(self) -> list[HookedRecurrent]:
+        """Every block's recurrent sublayer (an ``HookedLSTM``, ``HookedGRU`` or ``HookedSSM``, as ``cfg.rnn``
+        says)."""
         return [b.lstm for b in self.blocks if hasattr(b, "lstm")]
+
+    def set_fp32_recurrence(self, value: bool) -> None:
+        """Run every recurrent sublayer with autocast off and its input in float32 (True), or as the rest (False):
+        for CPUs whose fused recurrent kernel has no bf16 version under ``torch.autocast``."""
+        for layer in self.lstm_layers:
+            layer.fp32_recurrence = bool(value)
