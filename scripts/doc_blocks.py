@@ -276,3 +276,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "switch": switch,
     "precision": precision,
 }
+
+# the analyses' blocks (docs/gradients.md, probes.md, shortcuts.md) live beside this file
+from doc_blocks_analyses import BLOCKS as _ANALYSES  # noqa: E402
+
+BLOCKS.update(_ANALYSES)
