@@ -254,6 +254,33 @@ def mechanism_shortcuts(root: Path) -> str:
                    "sum-preserving (k = 3): answers changed at L 25 / 75"], rows)
 
 
+def sharpness(root: Path) -> str:
+    """The recall head's attention mass on the queried value vs length, with and without log-length scaling."""
+    import json
+
+    rows = json.loads((root / "results" / "sharpness" / "results.json").read_text())["results"]
+    out = []
+    for label in dict.fromkeys(r["label"] for r in rows):
+        mass = [r for r in rows if r["label"] == label and r["metric"] == "attention_mass" and r["target"] == "value"]
+        train = [r for r in mass if r["length"] == r["train_length"] and r["scale"] == "none"]
+        head = max(train, key=lambda r: r["mass"])
+        for length in sorted({r["length"] for r in mass}):
+            cell = {}
+            for scale in ("none", "log-length"):
+                m = next(r for r in mass if (r["layer"], r["head"], r["length"], r["scale"])
+                         == (head["layer"], head["head"], length, scale))
+                acc = {r["subtask"]: r["token_acc"] for r in rows if r["label"] == label and r["metric"] == "accuracy"
+                       and r["length"] == length and r["scale"] == scale}
+                cell[scale] = (m, acc)
+            (m0, a0), (m1, a1) = cell["none"], cell["log-length"]
+            out.append([label, f"L{head['layer']}H{head['head']}", length,
+                        f"{m0['mass']:.3f} [{m0['ci_low']:.3f}, {m0['ci_high']:.3f}]",
+                        f"{m1['mass']:.3f} [{m1['ci_low']:.3f}, {m1['ci_high']:.3f}]", f"{m0['reference']:.3f}",
+                        f"{a0['recall']:.3f} / {a1['recall']:.3f}", f"{a0['state']:.3f} / {a1['state']:.3f}"])
+    return _table(["checkpoint", "recall head", "L", "mass (none)", "mass (log-length)", "reference",
+                   "recall acc (none / log-length)", "state acc (none / log-length)"], out)
+
+
 def throughput(root: Path) -> str:
     """The benchmark's own table (``python benchmarks/throughput.py``, saved in results/throughput.txt)."""
     text = (root / "results" / "throughput.txt").read_text()
@@ -263,6 +290,7 @@ def throughput(root: Path) -> str:
 
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "throughput": throughput,
+    "sharpness": sharpness,
     "mechanism-shortcuts": mechanism_shortcuts,
     "headline": headline,
     "mechanism-short": mechanism_short,

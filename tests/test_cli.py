@@ -20,7 +20,8 @@ from conftest import tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
 ANALYSES = {"evaluate": "probe.evaluate", "gradients": "probe.gradients.cli",
-            "attributions": "probe.attributions.cli", "probes": "probe.probes.cli", "shortcuts": "probe.shortcuts.cli"}
+            "attributions": "probe.attributions.cli", "probes": "probe.probes.cli", "shortcuts": "probe.shortcuts.cli",
+            "sharpness": "probe.sharpness.cli"}
 CLIS = {**ANALYSES, "figures": "probe.figures"}
 SHARED = ("--lengths", "--samples", "--threads", "--out", "--json", "--device", "--seed")
 FIGURES_SHARED = ("--threads", "--out", "--json", "--device", "--seed")
@@ -33,11 +34,13 @@ SMALL = {  # tiny sizes: the layout is what is checked here, not the numbers
     "probes": ["--lengths", "8", "--samples", "4", "--n-train", "12", "--n-train-beyond", "4", "--n-patch", "4"],
     "shortcuts": ["--lengths", "4", "--samples", "4", "--runs", "4", "--window-samples", "8", "--entropy-lengths",
                   "4", "--sum-ks", "3"],
+    "sharpness": ["--lengths", "4,8", "--samples", "4"],
 }
 FIGURES = {"evaluate": {"accuracy_vs_length.png"}, "gradients": {"blocks.png"},
            "attributions": {"occlusion.png", "components.png", "attention_reads.png"},
            "probes": {"probes_heatmap.png", "probes_position.png", "probes_compare.png"},
-           "shortcuts": {"tests.png", "drops.png", "window.png", "tests.csv", "controls.csv"}}
+           "shortcuts": {"tests.png", "drops.png", "window.png", "tests.csv", "controls.csv"},
+           "sharpness": {"sharpness.png"}}
 
 
 def main_of(name: str):

@@ -16,9 +16,10 @@ from probe.models.gru import HookedGRU
 from probe.models.lstm import HookedLSTM
 from probe.models.recurrent import HookedRecurrent, listened
 from probe.models.ssm import HookedSSM
+from probe.tasks import TaskConfig, make_task
 
 __all__ = ["MASK_VALUE", "MLP", "CausalAttention", "HookedGRU", "HookedLSTM", "HookedLayerNorm", "HookedSSM",
-           "PosEmbed", "apply_rope", "recurrent_cell", "sinusoidal_table"]
+           "PosEmbed", "apply_rope", "default_train_positions", "recurrent_cell", "sinusoidal_table"]
 
 MASK_VALUE = -1e5
 """Score written above the causal diagonal: finite (so attributions through scores stay finite), yet exp() of it
@@ -99,20 +100,39 @@ class HookedLayerNorm(nn.LayerNorm):
         return self.hook_normalized(x / scale) * self.weight + self.bias
 
 
+def default_train_positions(task: TaskConfig | None = None) -> int:
+    """n_train: the keys that the last query of the longest training sequence attends to (dictionary prefix plus
+    L_train), for ``task`` or, without one, for the default task (the presets' ``interleaved``, 13 + 25 = 38)."""
+    task = task or make_task()
+    return task.prefix_len + task.train_length
+
+
 class CausalAttention(nn.Module):
     """Multi-head causal self-attention written out so that q, k, v, scores, pattern, z and each head's output are
     hookable. With rope, ``hook_rot_q`` / ``hook_rot_k`` see q and k after the rotation (what the scores use).
     ``hook_result`` (batch pos head d_model) is each head's output ``z_h W_O[h]`` without the bias, so attention's
-    output is ``hook_result.sum(head) + W_O.bias``; it is computed per head only when hooked (else one matmul)."""
+    output is ``hook_result.sum(head) + W_O.bias``; it is computed per head only when hooked (else one matmul).
+
+    ``scale`` (from ``cfg.attn_scale``) multiplies the scaled logits ``q.k / sqrt(d_head)`` of the query at position
+    t, which sees n_t = t + 1 keys (the prefix counted), before the causal mask: ``none`` by nothing;
+    ``log-length`` by max(1, log n_t / log n_train); ``ssmax`` by ``ssmax_s[h] * log n_t`` with ``ssmax_s`` (one per
+    head) learned and initialised to 1 / log n_train. ``hook_attn_scores`` sees the scores after this factor.
+    ``train_positions`` is n_train (``default_train_positions``); ``set_train_positions`` changes it.
+    """
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.d_head = cfg.n_heads, cfg.d_head
         self.rope = cfg.pos_encoding == "rope"
+        self.scale = cfg.attn_scale
+        self.train_positions = default_train_positions()
         self.W_Q = nn.Linear(cfg.d_model, cfg.d_model)
         self.W_K = nn.Linear(cfg.d_model, cfg.d_model)
         self.W_V = nn.Linear(cfg.d_model, cfg.d_model)
         self.W_O = nn.Linear(cfg.d_model, cfg.d_model)
+        if self.scale == "ssmax":
+            # s log n_train = 1 at initialisation: at the training length the model starts as the unscaled one
+            self.ssmax_s = nn.Parameter(torch.full((cfg.n_heads,), 1.0 / math.log(self.train_positions)))
         self.hook_q = HookPoint()  # [batch, pos, head, d_head]
         self.hook_k = HookPoint()  # [batch, pos, head, d_head]
         self.hook_v = HookPoint()  # [batch, pos, head, d_head]
@@ -124,6 +144,29 @@ class CausalAttention(nn.Module):
         self.hook_z = HookPoint()  # [batch, pos, head, d_head]
         self.hook_result = HookPoint()  # [batch, pos, head, d_model]
 
+    def set_train_positions(self, n: int, reset_ssmax: bool = False) -> None:
+        """Set n_train (the keys seen at the training length); with ``reset_ssmax`` also put ``ssmax_s`` back to
+        1 / log n (before training: a task whose n_train differs from the default's)."""
+        if n < 2:
+            raise ProbeError(f"n_train={n}: length scaling needs at least 2 keys at the training length (log 1 = 0)")
+        self.train_positions = int(n)
+        if reset_ssmax and hasattr(self, "ssmax_s"):
+            with torch.no_grad():
+                self.ssmax_s.fill_(1.0 / math.log(n))
+
+    def logit_factor(self, t: int, device: torch.device) -> Tensor | None:
+        """What the scores of each query row are multiplied by: (query 1) for ``log-length``, (head query 1) for
+        ``ssmax``, None for ``none`` (so that path is exactly the unscaled computation)."""
+        if self.scale == "none":
+            return None
+        log_n = torch.arange(1, t + 1, device=device, dtype=torch.float32).log()
+        if self.scale == "log-length":
+            # never below 1: inside the trained range the checkpoint's logits stay exactly as trained
+            return (log_n / math.log(self.train_positions)).clamp(min=1.0)[:, None]
+        if self.scale == "ssmax":
+            return self.ssmax_s[:, None, None] * log_n[None, :, None]
+        raise ProbeError(f"unknown attention scale {self.scale!r}")
+
     def forward(self, x: Float[Tensor, "batch pos d_model"], positions: Int[Tensor, "batch pos"]) -> Tensor:
         b, t, _ = x.shape
         split = (b, t, self.n_heads, self.d_head)
@@ -133,6 +176,9 @@ class CausalAttention(nn.Module):
         if self.rope:
             q, k = self.hook_rot_q(apply_rope(q, positions)), self.hook_rot_k(apply_rope(k, positions))
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(self.d_head)
+        factor = self.logit_factor(t, x.device)
+        if factor is not None:
+            scores = scores * factor.to(scores.dtype)
         causal = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
         scores = self.hook_attn_scores(scores.masked_fill(causal, MASK_VALUE))
         pattern = self.hook_pattern(scores.softmax(dim=-1))

@@ -14,6 +14,7 @@ FAMILIES = ("lstm", "transformer", "hybrid")
 POS_ENCODINGS = ("none", "learned", "sinusoidal", "rope")
 CELLS = ("lstm", "gru", "ssm")
 SSM_RANGES = ("positive", "negative", "complex")
+ATTN_SCALES = ("none", "log-length", "ssmax")
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,11 @@ class ModelConfig:
     SSM's ``ssm_range`` says where its transitions lie (``positive`` (0, 1), ``negative`` (-1, 1), ``complex``), and
     ``ssm_state`` is the number of real numbers in its state per layer (default d_model; complex keeps
     ``ssm_state / 2`` complex channels, so it must be even). The two are ignored by the other cells.
+
+    ``attn_scale`` multiplies every attention logit at a query that sees n keys: ``none`` (the default, so a config
+    saved before the field existed loads as the model it was), ``log-length`` (by max(1, log n / log n_train), no
+    parameter: a checkpoint trained without it can be evaluated with it) or ``ssmax`` (by s_h log n, a learned s per
+    head, Scalable-Softmax); docs/sharpness.md defines n and n_train.
     """
 
     family: str = "hybrid"
@@ -41,6 +47,7 @@ class ModelConfig:
     rnn: str = "lstm"
     ssm_state: int | None = None  # None: d_model, resolved in __post_init__ for rnn="ssm"
     ssm_range: str = "positive"
+    attn_scale: str = "none"
 
     def __post_init__(self) -> None:
         if self.d_mlp is None:
@@ -57,6 +64,8 @@ class ModelConfig:
             if self.ssm_state < 1 or (self.ssm_range == "complex" and self.ssm_state % 2):
                 raise ProbeError(f"ssm_state={self.ssm_state} must be positive, and even for ssm_range=complex "
                                  "(it counts real numbers: real and imaginary parts)")
+        if self.attn_scale not in ATTN_SCALES:
+            raise ProbeError(f"unknown attn_scale {self.attn_scale!r}; choose one of {', '.join(ATTN_SCALES)}")
         if self.pos_encoding not in POS_ENCODINGS:
             raise ProbeError(f"unknown pos_encoding {self.pos_encoding!r}; choose one of {', '.join(POS_ENCODINGS)}")
         if self.d_model < 1 or self.n_layers < 1 or self.vocab_size < 2 or self.d_mlp < 1:  # type: ignore[operator]
