@@ -50,8 +50,8 @@ class Inputs:
             raise ProbeError(f"missing shipped checkpoint(s): {', '.join(map(str, missing))} "
                              "(run python scripts/reproduce.py && python scripts/ship.py, or pass --retrain)")
         if not results.is_dir():
-            raise ProbeError(f"--results {results}: no such directory (it holds evaluate.json and the analyses' "
-                             "JSON; pass an empty directory to recompute everything)")
+            raise ProbeError(f"--results {results}: no such directory (it holds the reproduction grid, "
+                             "reproduction/, and the analyses' JSON; pass an empty directory to recompute everything)")
 
     def validate(self) -> None:
         """Read every checkpoint the figures use, so that a damaged file fails in one line before any figure is
