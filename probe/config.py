@@ -117,6 +117,26 @@ PRESETS: dict[str, dict[str, Any]] = {
                        train=dict(_BASE_TRAIN, schedule=dict(VARIANTS["dat"], switch=DAT_SWITCH))),
 }
 
+# The other recurrent cells (docs/recurrent.md), each alone (`gru`, `ssm-complex`, ...) and in the hybrid, joint and
+# with DAT (`hybrid-gru-joint`, `hybrid-ssm-complex-dat`, ...): the LSTM presets above with only the cell changed, so
+# that a difference between a cell's runs and the LSTM's is the cell's. Their lr is the LSTM's 2e-3, not tuned per
+# cell. Any other preset takes a cell too: --set model.rnn=ssm --set model.ssm_range=negative.
+CELL_MODELS: dict[str, dict[str, Any]] = {
+    "gru": dict(rnn="gru"),
+    "ssm-positive": dict(rnn="ssm", ssm_range="positive"),
+    "ssm-negative": dict(rnn="ssm", ssm_range="negative"),
+    "ssm-complex": dict(rnn="ssm", ssm_range="complex"),
+}
+
+
+def _with_cell(preset: str, fields: dict[str, Any]) -> dict[str, Any]:
+    return dict(PRESETS[preset], model=dict(PRESETS[preset]["model"], **fields))  # build_configs copies on use
+
+
+PRESETS.update({name: _with_cell(base, fields) for cell, fields in CELL_MODELS.items()
+                for name, base in ((cell, "lstm"), (f"hybrid-{cell}-joint", "hybrid-joint"),
+                                   (f"hybrid-{cell}-dat", "hybrid-dat"))})
+
 
 # --- the --set grammar --------------------------------------------------------------------------------------------
 SECTIONS = ("model", "task", "train", "schedule")

@@ -173,16 +173,18 @@ class Trainer:
             f.write(json.dumps(record) + "\n")
 
     def lstm_adam_state(self) -> dict[str, Any]:
-        """AdamW's second moments of the LSTM weights (bfloat16: fp16 underflows on squared gradients) and what it
-        takes to precondition a gradient as the next update would: ``-lr * g / (sqrt(v / (1 - beta2**t)) + eps)``.
-        Empty before the first step. Trajectory snapshots carry it for the lookahead interference analysis."""
+        """AdamW's second moments of every recurrent cell's own weights (any cell; the LayerNorm before it is not
+        part of the cell) in bfloat16 (fp16 underflows on squared gradients), and what it takes to precondition a
+        gradient as the next update would: ``-lr * g / (sqrt(v / (1 - beta2**t)) + eps)``. Empty before the first
+        step. Trajectory snapshots carry it (as ``extra["lstm_adam"]``, the slot's name) for the lookahead
+        interference analysis, which preconditions the same parameters."""
         names = {id(p): n for n, p in self.model.named_parameters()}
         group = self.optimizer.param_groups[0]
         moments: dict[str, torch.Tensor] = {}
         step = 0
-        for p in self.model.recurrent_parameters():
+        for p in (p for layer in self.model.lstm_layers for p in layer.parameters()):
             state = self.optimizer.state.get(p, {})
-            if "exp_avg_sq" in state and ".lstm.rnn." in names[id(p)]:
+            if "exp_avg_sq" in state:
                 moments[names[id(p)]] = state["exp_avg_sq"].detach().to("cpu", torch.bfloat16)
                 step = max(step, int(state["step"]))
         if not moments:

@@ -126,7 +126,7 @@ def test_hooks_and_flags_are_restored_even_on_error(hybrid, batch):
 
 
 def test_transformer_has_no_answer(task, batch):
-    with pytest.raises(ProbeError, match="no LSTM"):
+    with pytest.raises(ProbeError, match="no recurrent sublayer"):
         G.decompose(tiny_model("transformer", task.vocab_size), batch)
 
 
@@ -312,7 +312,7 @@ def test_cli_bad_input_exits_2_with_one_line(case, task, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "\n" not in err
     if case == "transformer":
-        assert "no LSTM" in err
+        assert "no recurrent sublayer" in err
 
 
 def test_modules_run_and_imports_point_one_way():

@@ -47,6 +47,8 @@ class CounterLSTM(nn.Module):
     beyond the training range, the information does not). ``override_state`` continues from the s_t (and c_t) that
     the set cell state holds, as ``HookedLSTM.override_state`` does."""
 
+    STATES = ("h", "c")  # a cell's state hooks, in override_state's order, as every recurrent cell lists them
+
     def __init__(self, m: int, extra: str | None = None, relocate_after: int | None = None) -> None:
         super().__init__()
         self.m, self.extra, self.relocate_after = m, extra, relocate_after

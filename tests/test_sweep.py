@@ -130,7 +130,7 @@ def test_toml_config_gives_variant_x_seed_runs_with_overrides_in_order(tmp_path)
 
 @pytest.mark.parametrize("text,message", [
     ('seed = [0]\n[[variant]]\npreset = "lstm"\n', "unknown key"),
-    ('seeds = [0]\n[[variant]]\npreset = "gru"\n', "unknown preset 'gru'"),
+    ('seeds = [0]\n[[variant]]\npreset = "lstm2"\n', "unknown preset 'lstm2'"),
     ('seeds = [0]\n[[variant]]\npreset = "lstm"\n[[variant]]\npreset = "lstm"\n', "used twice"),
     ('[[variant]]\npreset = "lstm"\n', "no seeds"),
     ('seeds = [0]\n[[variant]]\nname = "a/b"\npreset = "lstm"\n', "bad variant name"),

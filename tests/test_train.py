@@ -358,7 +358,7 @@ def test_non_finite_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, monk
 
 
 def test_cli_errors_are_one_line_and_exit_2(tmp_path, capsys):
-    assert main(["--preset", "gru", "--out", str(tmp_path / "x")]) == 2
+    assert main(["--preset", "lstm2", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: unknown preset") and err.count("\n") == 1
     assert main(["--set", "model.d_model", "--out", str(tmp_path / "y")]) == 2

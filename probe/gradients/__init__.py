@@ -1,4 +1,4 @@
-"""Attention-gradient interference on the LSTM weights: the g_att / g_rec split, the lookahead and their checks.
+"""Attention-gradient interference on the recurrent weights: the g_att / g_rec split, the lookahead and checks.
 
 Modules: ``decomposition`` (the split), ``lookahead`` (what a step along each part does), ``controls`` (checks a
 broken method fails), ``analysis`` (checkpoints and trajectories), ``plots``, ``cli`` (``python -m probe.gradients``).

@@ -38,8 +38,9 @@ DEFAULT_FACTORS = (1, 3)
 def check_family(ckpt: Checkpoint | ModelConfig, name: str) -> None:
     cfg = ckpt.model_config if isinstance(ckpt, Checkpoint) else ckpt
     if not cfg.has_lstm:
-        raise ProbeError(f"{name}: a {cfg.family} checkpoint has no LSTM, so there is no LSTM-weight gradient to "
-                         "split into attention and recurrent paths; run it on a hybrid or lstm checkpoint")
+        raise ProbeError(f"{name}: a {cfg.family} checkpoint has no recurrent sublayer, so there is no recurrent-"
+                         "weight gradient to split into attention and recurrent paths; run it on a hybrid or lstm "
+                         "checkpoint")
 
 
 @dataclass

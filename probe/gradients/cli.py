@@ -31,13 +31,14 @@ LOOKAHEAD_BATCHES, LOOKAHEAD_EVAL_BATCHES, LOOKAHEAD_STEP = 24, 4, 1e-6
 that they agree)."""
 
 DESCRIPTION = """\
-Attention-gradient interference on the LSTM weights: how much of their gradient arrives through attention, and
+Attention-gradient interference on the recurrent weights: how much of their gradient arrives through attention, and
 what a small step along that part would do to the state loss at the training length and at 3x.
 
 Usage: python -m probe.gradients ckpt.pt (one checkpoint), python -m probe.gradients DIR [DIR ...] (trajectory or
-run directories: curves over training), or a glob. g = dL/dtheta for the LSTM weights theta; g_rec = the same with
-attention's q, k, v detached (every path through attention cut); g_att = g - g_rec. Definitions and what each
-control catches: docs/gradients.md."""
+run directories: curves over training), or a glob. g = dL/dtheta for the recurrent weights theta (each block's
+cell: the LSTM's four tensors, the GRU's, the SSM's projections and A_log); g_rec = the same with attention's q, k, v
+detached (every path through attention cut); g_att = g - g_rec. Definitions and what each control catches:
+docs/gradients.md."""
 
 HELP_COLUMNS = """\
 JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "label" (the variant), "seed", "step",

@@ -73,7 +73,9 @@ def known_split_case(batch_size: int = 4, seed: int = 0) -> tuple[HookedSequence
     Returns (model, batch, mask of the attention-path answers)."""
     gen = torch.Generator().manual_seed(seed)
     vocab, d = 8, 16
-    model = HookedSequenceModel(ModelConfig(family="hybrid", vocab_size=vocab, d_model=d, n_layers=2, n_heads=1))
+    # an LSTM whatever the checkpoint's cell: the construction needs its output gate, and the case checks the cut
+    model = HookedSequenceModel(ModelConfig(family="hybrid", vocab_size=vocab, d_model=d, n_layers=2, n_heads=1,
+                                            rnn="lstm"))
     flags = {M1: [0, 1], M2: [0, 4], A: [2], X: [3]}  # coordinate 0 = marker, 1 = M1, 2 = A, 3 = X, 4 = M2
     with torch.no_grad():
         for p in model.parameters():

@@ -1,4 +1,4 @@
-"""The split of the LSTM weights' gradient into the part through attention (g_att) and the recurrent part (g_rec)."""
+"""The split of the recurrent cells' gradient into the part through attention (g_att) and the recurrent part (g_rec)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
 from probe.tasks import IGNORE_INDEX, Batch
 
-LSTM_PARAMS = ("weight_ih_l0", "weight_hh_l0", "bias_ih_l0", "bias_hh_l0")
 ATTENTION_INPUTS = ("attn.hook_q", "attn.hook_k", "attn.hook_v")
 
 Cut = Callable[[HookedSequenceModel], AbstractContextManager[Any]]
@@ -64,8 +63,10 @@ def attention_output_detached(model: HookedSequenceModel) -> Iterator[None]:
 
 
 def lstm_parameters(model: HookedSequenceModel) -> list[list[torch.nn.Parameter]]:
-    """theta: per block with an LSTM, its four LSTM tensors."""
-    return [[getattr(layer.rnn, n) for n in LSTM_PARAMS] for layer in model.lstm_layers]
+    """theta: per block with a recurrent sublayer (``blocks.{i}.lstm``, any cell), the cell's own parameters in the
+    order it registers them (the LSTM's ``weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0``). The LayerNorm before
+    the cell is left out: theta is what carries the recurrence, whichever cell it is."""
+    return [list(layer.parameters()) for layer in model.lstm_layers]
 
 
 def lstm_parameter_names(model: HookedSequenceModel) -> list[str]:
@@ -77,8 +78,8 @@ def lstm_parameter_names(model: HookedSequenceModel) -> list[str]:
 def check_has_lstm(model: HookedSequenceModel) -> list[torch.nn.Parameter]:
     theta = [p for ps in lstm_parameters(model) for p in ps]
     if not theta:
-        raise ProbeError("this model has no LSTM sublayer, so there are no LSTM weights whose gradient could be "
-                         "split (a transformer); run the analysis on a hybrid or lstm checkpoint")
+        raise ProbeError("this model has no recurrent sublayer, so there are no recurrent weights whose gradient "
+                         "could be split (a transformer); run the analysis on a hybrid or lstm checkpoint")
     return theta
 
 

@@ -1,14 +1,15 @@
 """First-order lookahead: what a small step along g_att, g_rec or g of the training loss does to the state loss.
 
-For the LSTM weights theta, ``d_part`` is the descent direction of the *training* loss part (part in att, rec, full),
-averaged over batches drawn as the trainer draws them (length uniform in 1..L_train, one length per batch), and
-preconditioned by AdamW's second moments when the checkpoint holds them: ``d = g / (sqrt(v / (1 - beta2**t)) +
-eps)`` (the first moment is left out: the question is what a step along each gradient part alone would do). For a
-target loss T (the training loss over held-out training batches, or the state-subtask loss at an evaluation length
-L) the first-order change after the step ``theta - eta * d_part`` is ``-eta <grad T, d_part>``; the change is also
-measured by taking that step (in float64, on the same batches). ``eta`` is one number per checkpoint, chosen so that
-the full-gradient step moves theta by ``rel_step * |theta|``, so the three parts are compared at the same step size
-and the first-order change of ``full`` is the sum of the other two.
+For the recurrent weights theta (each block's cell, ``lstm_parameters``), ``d_part`` is the descent direction of the
+*training* loss part (part in att, rec, full), averaged over batches drawn as the trainer draws them (length uniform
+in 1..L_train, one length per batch), and preconditioned by AdamW's second moments when the checkpoint holds them:
+``d = g / (sqrt(v / (1 - beta2**t)) + eps)`` (the first moment is left out: the question is what a step along each
+gradient part alone would do). For a target loss T (the training loss over held-out training batches, or the
+state-subtask loss at an evaluation length L) the first-order change after the step ``theta - eta * d_part`` is
+``-eta <grad T, d_part>``; the change is also measured by taking that step (in float64, on the same batches).
+``eta`` is one number per checkpoint, chosen so that the full-gradient step moves theta by ``rel_step * |theta|``,
+so the three parts are compared at the same step size and the first-order change of ``full`` is the sum of the
+other two.
 
 The paper's interference hypothesis predicts that a step along the attention-path part raises the state loss at 3x
 the training length while it lowers the training loss; a step that lowers or does not change the 3x state loss

@@ -55,7 +55,7 @@ def plot_over_training(table: pd.DataFrame, block: str | int = "all") -> Figure:
             if i == 0:
                 ax.set_title(f"length {length}")
     seeds = df.groupby("schedule")["seed"].nunique().to_dict()
-    fig.suptitle(f"LSTM-weight gradient through attention (block {block}; seeds per schedule: "
+    fig.suptitle(f"Recurrent-weight gradient through attention (block {block}; seeds per schedule: "
                  + ", ".join(f"{k} {v}" for k, v in seeds.items()) + ")")
     fig.tight_layout()
     return fig

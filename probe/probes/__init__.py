@@ -1,4 +1,4 @@
-"""Linear probes that decode the running sum s_t mod m, their controls, and interventions on the LSTM state.
+"""Linear probes that decode the running sum s_t mod m, their controls, and interventions on the recurrent state.
 
 Usage: ``python -m probe.probes ckpt.pt [more.pt ...] [--hooks ...] [--lengths 25,50,75,100] [--json] [--out DIR]``.
 Modules, imported one way: ``targets`` (s_t's control targets) -> ``fit`` (activations, probes) -> ``controls`` and
@@ -13,9 +13,10 @@ _EXPORTS = {
     **dict.fromkeys(["build_parser", "main"], "cli"),
     **dict.fromkeys(["MARGIN", "control_target_rows", "shuffled_labels_row"], "controls"),
     **dict.fromkeys(["BANDS", "HOOK_SUFFIXES", "Activations", "band_mask", "collect_activations", "default_hooks",
-                     "fit_probe", "random_init_like", "readout_basis", "resolve_hooks", "state_hook"], "fit"),
+                     "fit_probe", "random_init_like", "readout_basis", "resolve_hooks", "slot_block", "state_hook",
+                     "state_names"], "fit"),
     **dict.fromkeys(["KINDS", "SAME_SUM_MAX", "InterchangePair", "interchange_intervention", "interchange_pair",
-                     "lstm_states_at", "patched_logits", "subspace_interchange"], "interventions"),
+                     "States", "lstm_states_at", "patched_logits", "subspace_interchange"], "interventions"),
     **dict.fromkeys(["plot_compare", "plot_heatmap", "plot_position"], "plots"),
     **dict.fromkeys(["CONTROL_TARGETS", "control_labels", "control_map", "permuted_sum"], "targets"),
 }

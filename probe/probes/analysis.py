@@ -29,18 +29,20 @@ from probe.probes.fit import (
     random_init_like,
     readout_basis,
     resolve_hooks,
-    state_hook,
+    slot_block,
+    state_names,
 )
 from probe.probes.interventions import SAME_SUM_MAX, interchange_intervention
 from probe.tasks import TaskConfig
 
 TRAIN_BANDS = ("in", "beyond")
 """Every hook's probe is trained twice: on t <= L_train of length-L_train sequences (``in``), and on
-L_train < t <= 3 L_train of held-out length-3 L_train sequences (``beyond``). Each LSTM block's h and c, the
-vectors that the subspace intervention edits, are also trained on both together (``all``)."""
+L_train < t <= 3 L_train of held-out length-3 L_train sequences (``beyond``). Each vector of a block's recurrent
+state (``fit.state_names``: the LSTM's h and c), the vectors that the subspace intervention edits, is also trained on
+both together (``all``)."""
 
 DECODABLE = 0.8
-"""A state is "decodable" at a block when a probe on its LSTM state reaches this accuracy and beats each control
+"""A state is "decodable" at a block when a probe on its recurrent state reaches this accuracy and beats each control
 (control target, random init, majority class) by at least ``MARGIN``."""
 
 USED = 0.5
@@ -119,14 +121,14 @@ def probe_model(
     progress: bool = False,
 ) -> ProbeResult:
     """Probe every hook for s_t, trained in range and beyond it, tested on ``n_test`` fresh sequences per test length
-    (default 1x..4x L_train) by position band, controls beside every number; then intervene on the LSTM state
-    (whole state, same-sum source, probe subspace) and give each LSTM block a verdict per length."""
+    (default 1x..4x L_train) by position band, controls beside every number; then intervene on the recurrent state
+    (whole state, same-sum source, probe subspace) and give each recurrent block a verdict per length."""
     model.eval()
     L = task.train_length
     lengths = list(lengths) if lengths else multiples(L)
     hooks = resolve_hooks(model, hooks)
     blocks = lstm_blocks(model)
-    subspace_hooks = [f"blocks.{i}.lstm.hook_{k}" for i in blocks for k in "hc"] if patching else []
+    subspace_hooks = [n for i in blocks for n in state_names(model, i)] if patching else []
     hooks += [h for h in subspace_hooks if h not in hooks]  # the subspace intervention edits these vectors
     rand = random_init_like(model, seed)
     train_seed, test_seed = PROBES + seed * 1_000_000, PROBES + seed * 1_000_000 + 500_000
@@ -181,7 +183,7 @@ def probe_model(
     best_in = str(in_rows.groupby("hook", sort=False).probe_acc.mean().reindex(hooks).idxmax())
     controls.append(shuffled_labels_row(train, test, best_in, L, seed))
     if patching:
-        note(f"{name}: interventions on the LSTM state", progress)
+        note(f"{name}: interventions on the recurrent state", progress)
     interventions, ctrl_rows = (interchange_intervention(model, task, lengths, n_patch, seed, bases=bases)
                                 if patching else (pd.DataFrame(), pd.DataFrame()))
     verdicts = verdict_rows(interventions, by_length, L) if not interventions.empty else pd.DataFrame()
@@ -198,10 +200,11 @@ def _band_at(length: int, train_length: int) -> str:
 
 
 def verdict_rows(interventions: pd.DataFrame, by_length: pd.DataFrame, train_length: int) -> pd.DataFrame:
-    """Per (LSTM block, length): is s_t decodable from that block's state, and is it what the answers use?
+    """Per (recurrent block, length): is s_t decodable from that block's state, and is it what the answers use?
 
-    *decodable*: the best probe on the block's ``lstm.hook_h`` / ``hook_c`` / joined (h, c) -- trained in range or
-    beyond it -- reaches ``DECODABLE`` and beats control-target, random-init and majority accuracy by ``MARGIN``,
+    *decodable*: the best probe on a hook of the block's recurrent sublayer (by default its state vectors and the
+    whole state joined: ``lstm.hook_h`` / ``hook_c`` / (h, c) for the LSTM) -- trained in range or beyond it --
+    reaches ``DECODABLE`` and beats control-target, random-init and majority accuracy by ``MARGIN``,
     at the length's ``beyond`` positions (``in`` at lengths within L_train). *used*: the whole-state interchange
     moves at least ``USED`` of the later answers to the counterfactual, the probe-subspace interchange at least
     ``SUBSPACE_SHARE`` of that, **and** the same-sum source changes at most ``SAME_SUM_MAX`` of them: the whole
@@ -219,8 +222,8 @@ def verdict_rows(interventions: pd.DataFrame, by_length: pd.DataFrame, train_len
             key = (kind, b, length, band)
             return float(iv.loc[key, column]) if key in iv.index else float("nan")
 
-        hooks = ([f"blocks.{block}.lstm.hook_h", f"blocks.{block}.lstm.hook_c", state_hook([int(block)])]
-                 if block >= 0 else [h for h in by_length.hook.unique() if ".lstm.hook_" in h])
+        hooks = [h for h in by_length.hook.unique()
+                 if (slot_block(h) == block if block >= 0 else ".lstm.hook_" in h)]
         sel = by_length[by_length.hook.isin(hooks) & (by_length.length == length) & (by_length.test_positions == band)]
         full, same, sub = get("full", "iia"), get("same_sum", "changed_frac"), get("subspace", "iia")
         used = full >= USED and sub >= SUBSPACE_SHARE * full and same <= SAME_SUM_MAX
@@ -259,9 +262,10 @@ def run_probes(ckpt: Checkpoint, device: torch.device | str = "cpu", **kw: Any) 
 
 
 def headline(result: ProbeResult, factors: Sequence[int] = (2, 3)) -> dict[str, Any]:
-    """One flat row at beyond-range positions of each length f x L_train: the best hook and the best LSTM-state hook
-    (by in-range-trained accuracy), each with its in-range-trained and beyond-trained accuracy and the control
-    target's; and the whole-state interventions (every LSTM block at once) on the beyond-range answers."""
+    """One flat row at beyond-range positions of each length f x L_train: the best hook and the best hook of a
+    recurrent sublayer (``lstm_*``, whatever the cell; by in-range-trained accuracy), each with its in-range-trained
+    and beyond-trained accuracy and the control target's; and the whole-state interventions (every recurrent block
+    at once) on the beyond-range answers."""
     out: dict[str, Any] = {"checkpoint": result.checkpoint}
     df = result.by_length
     for label, contains in (("best", ""), ("lstm", ".lstm.hook_")):

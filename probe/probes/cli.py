@@ -21,11 +21,15 @@ from probe.cli import (
     write_outputs,
 )
 
-HOOK_SUFFIXES = ("lstm.hook_h", "lstm.hook_c", "hook_attn_out", "hook_resid_post")  # = probe.probes.fit's
+HOOK_SUFFIXES = ("hook_attn_out", "hook_resid_post")  # = probe.probes.fit's
 CONTROL_TARGETS = ("permuted", "history", "bigram")  # = probe.probes.targets' (a test checks both)
 """Repeated here so that ``--help`` needs no import of the models."""
 
-DESCRIPTION = "Linear probes that decode the running sum s_t mod m, with controls, and interventions on the LSTM state."
+DESCRIPTION = """\
+Linear probes that decode the running sum s_t mod m, with controls, and interventions on the recurrent state.
+
+The recurrent state of a block is what its cell carries, as its hooks: the output lstm.hook_h, then the LSTM's
+cell state lstm.hook_c, or the SSM's lstm.hook_state; the GRU's state is lstm.hook_h alone (docs/recurrent.md)."""
 
 COLUMNS = """Position bands: in = t <= L_train, beyond = t > L_train, all. Length generalization: beyond only.
 
@@ -33,16 +37,16 @@ JSON rows (results): checkpoint, seed, family, schedule, label (the variant), co
 "intervention" | "verdict").
 Probe rows: scope ("length" | "position"), hook (a+b = one probe on the concatenated hooks), train_positions ("in":
 t <= L_train of length-L_train sequences; "beyond": L_train < t <= 3 L_train of held-out length-3 L_train sequences;
-"all": both, only for the LSTM-state hooks the subspace intervention edits), length, test_positions, factor (length
+"all": both, only for the state hooks the subspace intervention edits), length, test_positions, factor (length
 / L_train), position_lo, position_hi (bucket of scope=position; null for scope=length), n (state positions scored),
 probe_acc, control_acc (the same probe fit on the control target: sum of pi(x_i) mod m for a fixed random
 non-affine pi with --control permuted), selectivity (probe_acc - control_acc), random_init_acc (same probe on the
 architecture with random weights), majority_acc (the training band's majority class), probe_train_acc, converged.
-Intervention rows: kind ("full": the whole (h, c) of a source with another s_t; "same_sum": of a source with the
-same s_t and another history; "subspace": only the probe's readout subspace of (h, c), from the full source),
-block (-1 = every LSTM block at once), length, test_positions (band of the later answers), n, iia (answers equal
-to the counterfactual; for same_sum the base's own label), changed_frac (answers that differ from the unpatched
-ones), base_follow, unpatched_cf (chance floor of iia), model_acc, iia_correct.
+Intervention rows: kind ("full": the whole state (the LSTM's (h, c)) of a source with another s_t; "same_sum": of a
+source with the same s_t and another history; "subspace": only the probe's readout subspace of each state vector,
+from the full source), block (-1 = every recurrent block at once), length, test_positions (band of the later
+answers), n, iia (answers equal to the counterfactual; for same_sum the base's own label), changed_frac (answers
+that differ from the unpatched ones), base_follow, unpatched_cf (chance floor of iia), model_acc, iia_correct.
 Verdict rows: block, length, test_positions, hook / probe_train_positions / probe_acc / control_acc (best probe on
 the block's state), iia_full, same_sum_changed, iia_subspace, verdict ("decodable, used" needs the subspace
 interchange to move >= 0.5 of the answers and the same-sum source to change <= 0.02 of them; else "... state
@@ -50,8 +54,8 @@ used, s_t not isolated" | "... used jointly" | "... not used").
 Controls (each with passed and kind: "control" for the control target and same_sum, "instrument" for
 shuffled_labels and identity_patch): control="<target>_target" (per train band, best hook at beyond positions:
 selectivity >= 0.2), "shuffled_labels" (best in-range hook, labels shuffled: acc < majority + 0.2),
-"identity_patch" (own state patched back in: nothing changes), "same_sum" (every LSTM block, per length: changed_frac
-<= 0.02)."""
+"identity_patch" (own state patched back in: nothing changes), "same_sum" (every recurrent block, per length:
+changed_frac <= 0.02)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_checkpoints(parser)
     parser.add_argument("--hooks", nargs="+", default=None,
                         help="hook names or suffixes (lstm.hook_h = every block's, one probe each; a+b = one probe on "
-                             "the concatenation); default: every block's " + ", ".join(HOOK_SUFFIXES)
-                             + " that exist, each LSTM block's h+c, every block's h, every block's h+c")
+                             "the concatenation); default: every block's recurrent state vectors (h, then c or state), "
+                             + ", ".join(HOOK_SUFFIXES) + " that exist, each recurrent block's whole state (h+c), "
+                             "every block's h, every block's whole state")
     add_lengths(parser, "1x,2x,3x,4x the checkpoint's L_train")
     add_samples(parser, 48, "test sequences per test length", aliases=["--n-test"])
     parser.add_argument("--n-train", type=positive_int, default=200,
@@ -105,7 +110,7 @@ def main_body(args: argparse.Namespace) -> dict[str, Any]:
         say(args, summary_table(res).to_string())
         if not res.interventions.empty:
             iv = res.interventions[res.interventions.test_positions != "all"]
-            say(args, "interventions (block -1 = every LSTM block; test_positions = band of the later answers):")
+            say(args, "interventions (block -1 = every recurrent block; test_positions = band of the later answers):")
             say(args, iv.pivot_table(index=["block", "length", "test_positions"], columns="kind",
                                      values=["iia", "changed_frac"]).to_string(float_format="{:.2f}".format))
             say(args, res.verdicts[["block", "length", "test_positions", "hook", "probe_acc", "iia_full",

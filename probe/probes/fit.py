@@ -23,8 +23,8 @@ from probe.tasks import TaskConfig
 PROBE_SEED_BASE = PROBES
 """Probe data: the ``probes`` entry of ``probe.core.seeds`` (it shares its value with ``gradients``; see there)."""
 
-HOOK_SUFFIXES = ("lstm.hook_h", "lstm.hook_c", "hook_attn_out", "hook_resid_post")
-"""Default single hooks, in every block where they exist."""
+HOOK_SUFFIXES = ("hook_attn_out", "hook_resid_post")
+"""Default single hooks after each block's recurrent state (``state_names``), in every block where they exist."""
 
 JOIN = "+"
 """``a+b`` names one probe on the concatenation of hooks a and b."""
@@ -44,26 +44,46 @@ def band_mask(position: np.ndarray, train_length: int, band: str) -> np.ndarray:
 
 
 def lstm_blocks(model: HookedSequenceModel) -> list[int]:
+    """The blocks with a recurrent sublayer (``blocks.{i}.lstm``, any cell)."""
     return [i for i, b in enumerate(model.blocks) if hasattr(b, "lstm")]
 
 
-def state_hook(blocks: Sequence[int]) -> str:
-    """The joined hook of the recurrent state (h_i, c_i for each block in order): the space that the subspace
-    interventions edit, so its layout is the one ``interventions.state_vector`` builds."""
-    return JOIN.join(f"blocks.{i}.lstm.hook_{k}" for i in blocks for k in ("h", "c"))
+def state_names(model: HookedSequenceModel, block: int) -> list[str]:
+    """The hooks of the recurrent state of block ``block``: one per name in its cell's ``STATES``, the output h
+    first, then what the recurrence carries besides it (the LSTM's c, the SSM's ``state``; the GRU carries h
+    alone). This is "the state" everywhere in the probes: the vectors probed as the state, and the ones the
+    interventions read and set with ``override_state`` (which takes them in this order)."""
+    return [f"blocks.{block}.lstm.hook_{s}" for s in model.blocks[block].lstm.STATES]
+
+
+def state_hook(model: HookedSequenceModel, blocks: Sequence[int]) -> str:
+    """The joined hook of the recurrent state of ``blocks`` (each block's ``state_names`` in turn: h_i, c_i for the
+    LSTM): the space that the subspace interventions edit."""
+    return JOIN.join(n for i in blocks for n in state_names(model, i))
+
+
+def slot_block(hook: str) -> int | None:
+    """The block whose recurrent sublayer every part of ``hook`` belongs to, or None (another sublayer, or parts
+    from several blocks)."""
+    found = {p.split(".")[1] if p.startswith("blocks.") and ".lstm.hook_" in p else None for p in parts(hook)}
+    block = found.pop() if len(found) == 1 else None
+    return None if block is None else int(block)
 
 
 def default_hooks(model: HookedSequenceModel) -> list[str]:
-    """Every block's h, c, attention output and residual stream that exist; then the joined hooks: each LSTM
-    block's (h, c), and with several blocks every block's h, and every block's (h, c)."""
+    """Every block's recurrent state (``state_names``), attention output and residual stream that exist; then the
+    joined hooks: each recurrent block's whole state (h, c for the LSTM), and with several blocks every block's
+    h, and every block's whole state. A joined hook that names one vector only (a GRU's state is h) is not
+    repeated."""
     names = set(model.hook_dict)
-    single = [f"blocks.{i}.{s}" for i in range(len(model.blocks)) for s in HOOK_SUFFIXES
-              if f"blocks.{i}.{s}" in names]
     blocks = lstm_blocks(model)
-    joined = [state_hook([i]) for i in blocks]
+    single = [n for i in range(len(model.blocks))
+              for n in [*(state_names(model, i) if i in blocks else []),
+                        *(f"blocks.{i}.{s}" for s in HOOK_SUFFIXES)] if n in names]
+    joined = [state_hook(model, [i]) for i in blocks]
     if len(blocks) > 1:
-        joined += [JOIN.join(f"blocks.{i}.lstm.hook_h" for i in blocks), state_hook(blocks)]
-    return single + joined
+        joined += [JOIN.join(f"blocks.{i}.lstm.hook_h" for i in blocks), state_hook(model, blocks)]
+    return list(dict.fromkeys(single + [h for h in joined if JOIN in h]))
 
 
 def parts(hook: str) -> list[str]:

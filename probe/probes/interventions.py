@@ -1,9 +1,9 @@
-"""Interventions on the LSTM state: whole-state interchange, the same-sum control, the probe-subspace interchange."""
+"""Interventions on the recurrent state: whole-state interchange, same-sum control, probe-subspace interchange."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,7 +15,7 @@ from torch import Tensor
 from probe.core.seeds import PATCHING
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
-from probe.probes.fit import lstm_blocks
+from probe.probes.fit import lstm_blocks, state_names
 from probe.tasks import Batch, TaskConfig
 
 PATCH_SEED_BASE = PATCHING
@@ -25,9 +25,13 @@ PATCH_FRACTIONS = (0.25, 0.5, 0.75)
 """Patch positions, as fractions of the stream length: early, middle and late states."""
 
 KINDS = ("full", "same_sum", "subspace")
-"""``full``: the whole (h, c) of a source with another s_t. ``same_sum``: the whole (h, c) of a source with the
-*same* s_t and another history. ``subspace``: only the component of (h, c) that the s_t probe reads, from the
-``full`` source."""
+"""``full``: the whole recurrent state (``fit.state_names``: the LSTM's (h, c)) of a source with another s_t.
+``same_sum``: the whole state of a source with the *same* s_t and another history. ``subspace``: only the component
+of each state vector that the s_t probe on it reads, from the ``full`` source."""
+
+States = dict[int, tuple[Tensor, ...]]
+"""Per block, its recurrent state at one position: the cell's ``STATES`` in order (the LSTM's (h, c), the GRU's
+(h,), the SSM's (h, state)), each ``(batch, width)``: what ``override_state`` takes."""
 
 IDENTITY_TOL = 1e-3
 """Largest logit change allowed when a sequence's own state is patched back in (unrolled vs fused float error)."""
@@ -119,43 +123,46 @@ def interchange_pair(task: TaskConfig, length: int, t: int, n: int, seed: int,
 
 
 @torch.no_grad()
-def lstm_states_at(model: HookedSequenceModel, tokens: Tensor, position: int) -> dict[int, tuple[Tensor, Tensor]]:
-    """(h_t, c_t) of every LSTM block after absolute ``position``, each ``(batch, d_model)``, read from the hooks."""
-    blocks = lstm_blocks(model)
-    names = [f"blocks.{i}.lstm.hook_{k}" for i in blocks for k in ("h", "c")]
-    _, cache = model.run_with_cache(tokens, names_filter=names)
-    return {i: (cache[f"blocks.{i}.lstm.hook_h"][:, position], cache[f"blocks.{i}.lstm.hook_c"][:, position])
-            for i in blocks}
+def lstm_states_at(model: HookedSequenceModel, tokens: Tensor, position: int) -> States:
+    """The recurrent state of every block with a recurrent sublayer after absolute ``position``, read from the
+    hooks (``fit.state_names``)."""
+    names = {i: state_names(model, i) for i in lstm_blocks(model)}
+    _, cache = model.run_with_cache(tokens, names_filter=[n for ns in names.values() for n in ns])
+    return {i: tuple(cache[n][:, position] for n in ns) for i, ns in names.items()}
 
 
-def subspace_interchange(base: dict[int, tuple[Tensor, Tensor]], source: dict[int, tuple[Tensor, Tensor]],
-                         blocks: Sequence[int], bases: dict[str, Tensor]) -> dict[int, tuple[Tensor, Tensor]]:
-    """The base's (h_i, c_i) of ``blocks`` with the component in each vector's probe subspace replaced by the
-    source's: ``bases["blocks.{i}.lstm.hook_h"]`` is the orthonormal ``(d, r)`` readout basis of the s_t probe on h_i
-    (likewise c_i); a vector without a basis keeps the base's value."""
+def subspace_interchange(base: States, source: States, blocks: Sequence[int], bases: dict[str, Tensor],
+                         names: Mapping[int, Sequence[str]]) -> States:
+    """The base's state of ``blocks`` with the component in each vector's probe subspace replaced by the source's:
+    ``bases[hook]`` is the orthonormal ``(d, r)`` readout basis of the s_t probe on that state vector, and
+    ``names[i]`` the hooks of block i's state vectors in order (``fit.state_names``); a vector without a basis
+    keeps the base's value."""
     out = {}
     for i in blocks:
         edited = []
-        for k, vb, vs in zip("hc", base[i], source[i], strict=True):
-            q = bases.get(f"blocks.{i}.lstm.hook_{k}")
+        for name, vb, vs in zip(names[i], base[i], source[i], strict=True):
+            q = bases.get(name)
             edited.append(vb if q is None else vb + (vs - vb) @ q.to(vb) @ q.to(vb).T)
-        out[i] = (edited[0], edited[1])
+        out[i] = tuple(edited)
     return out
 
 
 @torch.no_grad()
-def patched_logits(model: HookedSequenceModel, tokens: Tensor, position: int,
-                   states: dict[int, tuple[Tensor, Tensor]]) -> Tensor:
-    """Logits of ``tokens`` with block i's LSTM state after ``position`` set to ``states[i]`` (each (batch, d));
-    the recurrence continues from the set state (``HookedLSTM.override_state``)."""
+def patched_logits(model: HookedSequenceModel, tokens: Tensor, position: int, states: States) -> Tensor:
+    """Logits of ``tokens`` with block i's recurrent state after ``position`` set to ``states[i]``; the recurrence
+    continues from the set state (the cell's ``override_state``)."""
     with contextlib.ExitStack() as stack:
-        for i, (h, c) in states.items():
-            stack.enter_context(model.blocks[i].lstm.override_state(position, h, c))
+        for i, state in states.items():
+            stack.enter_context(model.blocks[i].lstm.override_state(position, *state))
         return model(tokens)
 
 
-def _cat_states(parts: list[dict[int, tuple[Tensor, Tensor]]]) -> dict[int, tuple[Tensor, Tensor]]:
-    return {i: (torch.cat([p[i][0] for p in parts]), torch.cat([p[i][1] for p in parts])) for i in parts[0]}
+def _cat_states(parts: list[States]) -> States:
+    return {i: tuple(torch.cat([p[i][k] for p in parts]) for k in range(len(parts[0][i]))) for i in parts[0]}
+
+
+def _rows(states: States, rows: slice) -> States:
+    return {i: tuple(v[rows] for v in state) for i, state in states.items()}
 
 
 @torch.no_grad()
@@ -163,12 +170,13 @@ def interchange_intervention(
     model: HookedSequenceModel, task: TaskConfig, lengths: Iterable[int], n: int = 48, seed: int = 0,
     fractions: Iterable[float] = PATCH_FRACTIONS, bases: dict[str, np.ndarray] | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Interventions per kind, LSTM block (``block = -1``: every block at once), length and position band.
+    """Interventions per kind, recurrent block (``block = -1``: every block at once), length and position band.
 
-    ``bases[hook]`` is the readout basis (``fit.readout_basis``) of the s_t probe on ``blocks.{i}.lstm.hook_h`` or
-    ``hook_c``; ``subspace`` edits each targeted vector within its own basis (without any basis: no ``subspace``
-    rows). One joint probe on several redundant copies of s_t spreads its weight over them, so editing its readout
-    moves each copy only part of the way: each vector gets its own probe.
+    ``bases[hook]`` is the readout basis (``fit.readout_basis``) of the s_t probe on one vector of a block's state
+    (``fit.state_names``: ``blocks.{i}.lstm.hook_h`` or ``hook_c`` for the LSTM); ``subspace`` edits each targeted
+    vector within its own basis (without any basis: no ``subspace`` rows). One joint probe on several redundant
+    copies of s_t spreads its weight over them, so editing its readout moves each copy only part of the way: each
+    vector gets its own probe.
 
     Returns ``(results, controls)``. A results row: ``kind, block, length, test_positions`` (band of the later
     answers: ``in`` = t <= L_train, ``beyond``, ``all``), ``n``, ``iia`` (patched answers equal to the
@@ -181,6 +189,7 @@ def interchange_intervention(
     blocks = lstm_blocks(model)
     if not blocks:
         return pd.DataFrame(), pd.DataFrame()
+    names = {i: state_names(model, i) for i in blocks}
     device = next(model.parameters()).device
     targets: list[tuple[int, list[int]]] = [(i, [i]) for i in blocks] + ([(-1, blocks)] if len(blocks) > 1 else [])
     basis_t = {k: torch.as_tensor(v, dtype=torch.float32, device=device) for k, v in (bases or {}).items()}
@@ -197,9 +206,8 @@ def interchange_intervention(
             base_tok = full.base.tokens.to(device)
             states = lstm_states_at(model, torch.cat([base_tok, full.source.tokens.to(device),
                                                       same.source.tokens.to(device)]), pos)
-            own = {i: (h[:b], c[:b]) for i, (h, c) in states.items()}
-            src = {i: (h[b:2 * b], c[b:2 * b]) for i, (h, c) in states.items()}
-            same_src = {i: (h[2 * b:], c[2 * b:]) for i, (h, c) in states.items()}
+            own, src, same_src = (_rows(states, slice(0, b)), _rows(states, slice(b, 2 * b)),
+                                   _rows(states, slice(2 * b, None)))
             clean = model(base_tok)
             pred0 = clean.argmax(-1)
             later = full.later.to(device)
@@ -213,11 +221,11 @@ def interchange_intervention(
                                              "n": float(later.sum()),
                                              "max_diff": float((logits - clean).abs().max())}
             for block, patched in targets:
-                runs: list[tuple[str, dict[int, tuple[Tensor, Tensor]], Tensor]] = [
+                runs: list[tuple[str, States, Tensor]] = [
                     ("full", {i: src[i] for i in patched}, full.counterfactual),
                     ("same_sum", {i: same_src[i] for i in patched}, same.counterfactual)]
                 if basis_t:
-                    runs.append(("subspace", subspace_interchange(own, src, patched, basis_t),
+                    runs.append(("subspace", subspace_interchange(own, src, patched, basis_t, names),
                                  full.counterfactual))
                 # one forward for every kind: the kinds' edited states stacked along the batch
                 logits = patched_logits(model, base_tok.repeat(len(runs), 1), pos,

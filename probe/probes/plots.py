@@ -63,7 +63,7 @@ def plot_heatmap(results: Sequence[ProbeResult]) -> Figure:
 
 def plot_position(results: Sequence[ProbeResult], hooks: Sequence[str] | None = None) -> Figure:
     """Accuracy vs stream position on the longest test length, training range shaded; per checkpoint the best hook
-    (over all positions) and the best LSTM-state hook (beyond L_train), trained in range (solid) and beyond it
+    (over all positions) and the best recurrent-state hook (beyond L_train), trained in range (solid) and beyond it
     (dashed), with the control target (dotted)."""
     import matplotlib.pyplot as plt
     import seaborn as sns
@@ -74,7 +74,7 @@ def plot_position(results: Sequence[ProbeResult], hooks: Sequence[str] | None = 
         df = res.by_position[res.by_position.length == res.by_position.length.max()]
         df = df.assign(position=(df.position_lo + df.position_hi) / 2)
         # the hook that decodes s_t best over all positions (the Transformer's exists in range only), and the best
-        # LSTM-state hook beyond the training range
+        # recurrent-state hook beyond the training range
         shown = list(hooks) if hooks else list(dict.fromkeys(
             h for h in (res.best_hook(test_positions="all"), res.best_hook(".lstm.hook_")) if h))
         for k, hook in enumerate(shown):
@@ -97,9 +97,9 @@ def plot_position(results: Sequence[ProbeResult], hooks: Sequence[str] | None = 
 
 
 def plot_compare(results: Sequence[ProbeResult]) -> Figure:
-    """Checkpoints on one figure, beyond-range positions only: the best LSTM-state probe (trained in range / beyond,
-    control target) vs length, and the interventions on every LSTM block at once (whole state, probe subspace:
-    answers that follow the source; same-sum source: answers that change)."""
+    """Checkpoints on one figure, beyond-range positions only: the best recurrent-state probe (trained in range /
+    beyond, control target) vs length, and the interventions on every recurrent block at once (whole state, probe
+    subspace: answers that follow the source; same-sum source: answers that change)."""
     import matplotlib.pyplot as plt
     import seaborn as sns
     from matplotlib.lines import Line2D
@@ -127,16 +127,16 @@ def plot_compare(results: Sequence[ProbeResult]) -> Figure:
                 Line2D([], [], color="grey", ls=":", lw=1, label="control target (trained beyond)")]
     ax.legend(handles=handles, fontsize=7, loc="lower left")
     ax.set(xlabel="test length (positions t > L_train only)", ylabel="probe accuracy for $s_t$", ylim=(0, 1.02),
-           title="best LSTM-state probe beyond the training range")
+           title="best recurrent-state probe beyond the training range")
     handles, _ = bx.get_legend_handles_labels()
     handles += [Line2D([], [], color="grey", marker="o", label="whole state: follows source"),
                 Line2D([], [], color="grey", ls="--", marker="s", label="probe subspace: follows source"),
                 Line2D([], [], color="grey", ls=":", marker="x", label="same-sum source: answers changed")]
     bx.set(xlabel="test length (answers at t > L_train only)", ylabel="fraction of later answers", ylim=(-0.02, 1.02),
-           title="interventions on every LSTM block's state")
+           title="interventions on every recurrent block's state")
     if bx.lines:
         bx.legend(handles=handles, fontsize=7, loc="center right")
     else:
-        bx.text(0.5, 0.5, "no LSTM state to patch", ha="center", transform=bx.transAxes)
+        bx.text(0.5, 0.5, "no recurrent state to patch", ha="center", transform=bx.transAxes)
     fig.tight_layout()
     return fig
