@@ -89,11 +89,16 @@ class Checkpoint:
     @property
     def label(self) -> str:
         """What kind of run this is, for tables and legends: ``lstm``, ``transformer``, or ``hybrid-`` and the
-        schedule variant's name (``hybrid-joint``, ``hybrid-dat``, ``hybrid-stopgrad-rnn0``, ...)."""
-        family = self.model_config.family
+        schedule variant's name (``hybrid-joint``, ``hybrid-dat``, ``hybrid-stopgrad-rnn0``, ...); a recurrent cell
+        other than the LSTM is named after the family, as the presets name it (``gru``, ``hybrid-ssm-complex-dat``)."""
+        cfg = self.model_config
+        family = cfg.family
+        rnn = getattr(cfg, "rnn", "lstm")
+        cell = "" if rnn == "lstm" or family == "transformer" else (
+            f"ssm-{cfg.ssm_range}" if rnn == "ssm" else rnn)
         if family != "hybrid":
-            return family
-        return "hybrid-" + (self.variant or "joint")
+            return cell or family
+        return "hybrid-" + (f"{cell}-" if cell else "") + (self.variant or "joint")
 
     @property
     def seed(self) -> int | None:

@@ -455,7 +455,8 @@ class Schedule:
         n = len(model.blocks)
         block = self.cfg.cut_block
         if block is not None and not (block < n and model.recurrent_parameters(block)):
-            raise ProbeError(f"schedule {self.cfg.name}: the model has no LSTM in block {block} ({n} blocks)")
+            raise ProbeError(f"schedule {self.cfg.name}: the model has no recurrent sublayer in block {block} "
+                             f"({n} blocks)")
         for b in self.cfg.cut_through or ():
             if not (b < n and hasattr(model.blocks[b], "attn")):
                 raise ProbeError(f"schedule.cut_through: the model has no attention in block {b} ({n} blocks)")

@@ -360,7 +360,14 @@ def _preset_of(ckpt: Checkpoint) -> str:
     label = ckpt.label
     if label in PRESETS:
         return label
-    return "hybrid-joint" if ckpt.model_config.family == "hybrid" else ckpt.model_config.family
+    family = ckpt.model_config.family
+    if family != "hybrid":
+        return family
+    # a variant without a preset of its own (a cut, a frozen LSTM): the joint preset of the same cell
+    cfg = ckpt.model_config
+    rnn = getattr(cfg, "rnn", "lstm")
+    cell = f"ssm-{cfg.ssm_range}" if rnn == "ssm" else rnn
+    return "hybrid-joint" if rnn == "lstm" else f"hybrid-{cell}-joint"
 
 
 if __name__ == "__main__":

@@ -184,7 +184,7 @@ def test_lookahead_preconditions_with_the_moments_it_is_given(hybrid, task):
 
 
 @pytest.mark.parametrize("att_3x,att_train,expected", [
-    (5.0, -5.0, "supports"), (-5.0, -5.0, "refutes"), (0.5, -5.0, "refutes"), (5.0, 0.5, "neither"),
+    (5.0, -5.0, "supports"), (-5.0, -5.0, "lowers"), (0.5, -5.0, "no effect detected"), (5.0, 0.5, "neither"),
     (0.0, 0.0, "no attention path")])
 def test_verdict_rule(att_3x, att_train, expected):
     rows = pd.DataFrame([

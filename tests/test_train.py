@@ -538,7 +538,7 @@ def test_variants_are_recorded_by_name_and_checked(tmp_path):
     assert final.schedule == "delayed", "the schedule column keeps the old kinds"
     final = train(MODEL, TASK, tiny_cfg(schedule=variant("stopgrad-rnn")), tmp_path / "c", progress=False)
     assert final.label == "hybrid-stopgrad-rnn" and final.schedule == "stopgrad"
-    with pytest.raises(ProbeError, match="no LSTM in block 1"):
+    with pytest.raises(ProbeError, match="no recurrent sublayer in block 1"):
         Trainer(MODEL, TASK, tiny_cfg(schedule=variant("stopgrad-rnn1")), tmp_path / "d", progress=False)
     with pytest.raises(ProbeError, match="needs schedule.kind=stopgrad"):
         ScheduleConfig(kind="delayed", switch=20, stopgrad_scope="recurrent")

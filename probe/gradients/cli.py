@@ -55,9 +55,10 @@ JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "
     dL_se (its standard error: dL_se_batches over direction batches and dL_se_eval over evaluation batches, in
     quadrature), z (= dL_first / dL_se), dL_measured (the change after the real step, float64), first_order_error,
     loss_before, n_batches, n_eval_sequences.
-  analysis "lookahead_verdict" (per checkpoint): verdict (supports | refutes | neither | no attention path),
-    detail, dL_state_3x_att, z_state_3x_att, dL_train_att, z_train_att. "supports": the attention-path step
-    raises the 3x state loss (z > 2) and lowers the training loss (z < -2); "refutes": it does not raise it.
+  analysis "lookahead_verdict" (per checkpoint): verdict (supports | lowers | no effect detected | neither |
+    no attention path), detail, dL_state_3x_att, z_state_3x_att, dL_train_att, z_train_att. "supports": the
+    attention-path step raises the 3x state loss (z > 2) and lowers the training loss (z < -2); "lowers": it
+    lowers the 3x state loss (z < -2); "no effect detected": |z| <= 2 (absence of evidence, not a refutation).
 controls rows: checkpoint, control, kind (instrument: every row here checks the method), value, threshold, passed,
 what (what failure it reveals)."""
 

@@ -12,8 +12,9 @@ so the three parts are compared at the same step size and the first-order change
 other two.
 
 The paper's interference hypothesis predicts that a step along the attention-path part raises the state loss at 3x
-the training length while it lowers the training loss; a step that lowers or does not change the 3x state loss
-refutes it on that checkpoint.
+the training length while it lowers the training loss. A step that lowers the 3x state loss speaks against it at that
+checkpoint, to first order and at this step size; a change within two standard errors is "no effect detected", which
+refutes nothing (a small step cannot see an effect that only a real optimizer step, or many, would show).
 """
 
 from __future__ import annotations
@@ -243,12 +244,15 @@ def verdict(rows: pd.DataFrame, train_length: int) -> dict[str, Any]:
         out["verdict"] = "supports"
     elif far.z > Z_SUPPORT:
         out["verdict"] = "neither"  # raises the 3x loss without lowering the training loss: not a trade-off
+    elif far.z < -Z_SUPPORT:
+        out["verdict"] = "lowers"  # evidence against the hypothesis at this checkpoint, to first order
     else:
-        out["verdict"] = "refutes"
+        out["verdict"] = "no effect detected"  # absence of evidence, never a refutation
     out["detail"] = {"supports": "the attention-path step raises the 3x state loss and lowers the training loss",
                      "neither": "the attention-path step raises the 3x state loss but does not lower the training "
                                 "loss",
-                     "refutes": ("the attention-path step lowers the 3x state loss" if far.z < -Z_SUPPORT else
-                                 "the attention-path step changes the 3x state loss by less than 2 standard errors"),
+                     "lowers": "the attention-path step lowers the 3x state loss (first order, this step size)",
+                     "no effect detected": "the attention-path step changes the 3x state loss by less than 2 "
+                                           "standard errors",
                      "no attention path": "attention is gated off: g_att is exactly 0"}[out["verdict"]]
     return out
