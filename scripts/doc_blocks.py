@@ -107,6 +107,32 @@ def mechanism_short(root: Path) -> str:
                     f"p (Holm over {n_tests})", "recall at 3x"], rows))
 
 
+def mechanism_holm(root: Path) -> str:
+    """Which comparisons of the mechanism table survive Holm's adjustment at the seed counts committed now."""
+    _, cmp = _mechanism_comparisons(root)
+    # each pair once (the table lists dat vs joint and joint vs dat): keep the row whose baseline is listed first
+    seen, rows = set(), []
+    for r in cmp.itertuples():
+        pair = frozenset((r.variant, r.baseline))
+        if pair not in seen:
+            seen.add(pair)
+            rows.append(r)
+    alpha = 0.05
+    sig = [r for r in rows if r.p_holm < alpha]
+    raw = [r for r in rows if r.p_holm >= alpha and r.p_permutation < alpha]
+
+    def name(r) -> str:
+        return (f"`{r.variant}` vs `{r.baseline}` ({100 * r.difference:+.1f} points, {r.n_seeds} vs "
+                f"{r.n_seeds_baseline} seeds, Holm p {_p(r.p_holm)})")
+
+    n = int(cmp.n_tests.iloc[0])
+    lines = [f"Of the {n} comparisons, significant after Holm's adjustment (p < {alpha}): "
+             + ("; ".join(name(r) for r in sig) if sig else "none") + "."]
+    if raw:
+        lines.append(f"Below {alpha} before the adjustment only: " + "; ".join(name(r) for r in raw) + ".")
+    return "\n".join(lines)
+
+
 # --- docs/reproduction.md -------------------------------------------------------------------------------------------
 def reproduction(root: Path) -> str:
     grid = _grid(root, "reproduction")
@@ -294,6 +320,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "mechanism-shortcuts": mechanism_shortcuts,
     "headline": headline,
     "mechanism-short": mechanism_short,
+    "mechanism-holm": mechanism_holm,
     "reproduction": reproduction,
     "reproduction-seeds": reproduction_seeds,
     "lr-compare": lr_compare,
