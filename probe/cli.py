@@ -48,26 +48,24 @@ def make_parser(prog: str, description: str, epilog: str | None = None) -> Parse
 
 
 # --- argparse types: every CLI checks positivity here, before any work ----------------------------------------------
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
+def _int_at_least(text: str, low: int, what: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} must be a positive integer")
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{value} must be {what}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    return _int_at_least(text, 1, "a positive integer")
 
 
 def nonnegative_int(text: str) -> int:
     """An integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} must be 0 or a positive integer")
-    return value
+    return _int_at_least(text, 0, "0 or a positive integer")
 
 
 def positive_float(text: str) -> float:

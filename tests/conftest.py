@@ -37,3 +37,26 @@ def tiny_model(family: str = "hybrid", vocab_size: int = 43, seed: int = 0, **kw
 @pytest.fixture
 def hybrid(task):
     return tiny_model("hybrid", task.vocab_size)
+
+
+def set_at(t: int, value: torch.Tensor):
+    """A forward hook that writes ``value`` at position ``t`` (a causal edit of one position)."""
+    def hook(a, hook):
+        a[:, t] = value
+        return a
+    return hook
+
+
+def run_hooked(model, x, hooks, api: str):
+    """The same forward hooks through each of TransformerLens's hook APIs."""
+    if api == "run_with_hooks":
+        return model.run_with_hooks(x, fwd_hooks=hooks)
+    if api == "hooks":
+        with model.hooks(fwd_hooks=hooks):
+            return model(x)
+    for name, fn in hooks:
+        model.add_hook(name, fn)
+    try:
+        return model(x)
+    finally:
+        model.reset_hooks()

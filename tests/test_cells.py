@@ -12,7 +12,7 @@ from probe.errors import ProbeError
 from probe.models import HookedGRU, HookedLSTM, HookedSequenceModel, HookedSSM, ModelConfig
 from probe.models.ssm import MIN_LOG_MAGNITUDE, chunked_scan, linear_scan
 
-from conftest import tiny_model
+from conftest import run_hooked, set_at, tiny_model
 
 B, T, D = 3, 9, 16
 CELLS = [{"rnn": "gru"}, {"rnn": "ssm", "ssm_range": "positive"}, {"rnn": "ssm", "ssm_range": "negative"},
@@ -22,27 +22,6 @@ CELL_IDS = ["gru", "ssm-positive", "ssm-negative", "ssm-complex"]
 
 def tokens(seed: int = 0) -> torch.Tensor:
     return torch.randint(0, 43, (B, T), generator=torch.Generator().manual_seed(seed))
-
-
-def _set_at(t: int, value: torch.Tensor):
-    def hook(a, hook):
-        a[:, t] = value
-        return a
-    return hook
-
-
-def _run_hooked(model, x, hooks, api: str):
-    if api == "run_with_hooks":
-        return model.run_with_hooks(x, fwd_hooks=hooks)
-    if api == "hooks":
-        with model.hooks(fwd_hooks=hooks):
-            return model(x)
-    for name, fn in hooks:
-        model.add_hook(name, fn)
-    try:
-        return model(x)
-    finally:
-        model.reset_hooks()
 
 
 def _carried(model, block: int = 0) -> str:
@@ -266,7 +245,7 @@ def test_editing_the_carried_state_at_t_is_override_state_at_t(kw, api):
     p = _carried(model)
     _, cache = model.run_with_cache(x, names_filter=lambda n: n.startswith("blocks.1.lstm."))
     new = 3 * torch.randn(cache[f"blocks.1.lstm.hook_{p}"][:, t].shape, generator=torch.Generator().manual_seed(1))
-    out = _run_hooked(model, x, [(f"blocks.1.lstm.hook_{p}", _set_at(t, new))], api)
+    out = run_hooked(model, x, [(f"blocks.1.lstm.hook_{p}", set_at(t, new))], api)
     if p == "h":
         override = (new,)
     else:  # the SSM's output at t is read from the edited state
@@ -372,7 +351,7 @@ def test_editing_a_gate_at_t_moves_the_step_it_feeds():
     _, cache = model.run_with_cache(x, names_filter=lambda n: n.startswith("blocks.0.lstm."))
     layer = model.blocks[0].lstm
     inp = model.blocks[0].ln_lstm(model.embed(x))
-    with model.hooks(fwd_hooks=[("blocks.0.lstm.hook_r", _set_at(t, torch.zeros(B, D)))]):
+    with model.hooks(fwd_hooks=[("blocks.0.lstm.hook_r", set_at(t, torch.zeros(B, D)))]):
         _, edited = model.run_with_cache(x, names_filter=lambda n: n.startswith("blocks.0.lstm."))
     d = D
     n_t = torch.tanh(F.linear(inp[:, t], layer.rnn.weight_ih_l0[2 * d :], layer.rnn.bias_ih_l0[2 * d :]))
@@ -386,7 +365,7 @@ def test_editing_a_gate_at_t_moves_the_step_it_feeds():
         model = tiny_model("lstm", rnn="ssm", ssm_range=kind)
         layer = model.blocks[0].lstm
         _, cache = model.run_with_cache(x, names_filter=lambda n: n.startswith("blocks.0.lstm."))
-        out = model.run_with_hooks(x, fwd_hooks=[("blocks.0.lstm.hook_a", _set_at(t, torch.zeros(B, layer.k)))])
+        out = model.run_with_hooks(x, fwd_hooks=[("blocks.0.lstm.hook_a", set_at(t, torch.zeros(B, layer.k)))])
         b_t = cache["blocks.0.lstm.hook_b"][:, t].repeat_interleave(2 if kind == "complex" else 1, dim=-1)
         s_t = b_t * layer.input_share(model.blocks[0].ln_lstm(model.embed(x)))[:, t, -layer.n_state :]
         with layer.override_state(t, layer.out_proj(s_t), s_t):
@@ -400,7 +379,7 @@ def test_editing_the_ssms_output_moves_that_output_alone(kind):
     model = tiny_model("lstm", rnn="ssm", ssm_range=kind, n_layers=1)
     x, t = tokens(), 4
     new = torch.randn(B, D, generator=torch.Generator().manual_seed(7))
-    with model.hooks(fwd_hooks=[("blocks.0.lstm.hook_h", _set_at(t, new))]):
+    with model.hooks(fwd_hooks=[("blocks.0.lstm.hook_h", set_at(t, new))]):
         _, edited = model.run_with_cache(x, names_filter=lambda n: n.endswith(("hook_lstm_out", "hook_state")))
     _, base = model.run_with_cache(x, names_filter=lambda n: n.endswith(("hook_lstm_out", "hook_state")))
     expected = base["blocks.0.hook_lstm_out"].clone()
@@ -421,7 +400,7 @@ def test_gradients_under_a_state_patch_equal_those_of_override_state(kw):
         loss.backward()
         return {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}
 
-    hooks = [(f"blocks.0.lstm.hook_{p}", _set_at(t, s)) for p, s in zip(layer.STATES, states, strict=True)]
+    hooks = [(f"blocks.0.lstm.hook_{p}", set_at(t, s)) for p, s in zip(layer.STATES, states, strict=True)]
     hooked = grads(model.run_with_hooks(x, labels=y, fwd_hooks=hooks))
     with layer.override_state(t, *states):
         expected = grads(model(x, labels=y))
@@ -441,7 +420,7 @@ def test_ssm_runs_in_float32_under_bf16_autocast_with_gradients(kind):
         out = layer(inp.bfloat16())
         loss = model(x, labels=y)
         edited = model.run_with_hooks(x, fwd_hooks=[("blocks.0.lstm.hook_state",
-                                                     _set_at(4, torch.zeros(B, layer.n_state)))])
+                                                     set_at(4, torch.zeros(B, layer.n_state)))])
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, reference, rtol=0, atol=2e-2)  # the input was rounded to bf16
     assert (edited.float() - model(x).float()).abs().max() > 1e-3

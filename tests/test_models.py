@@ -10,7 +10,7 @@ from transformer_lens.hook_points import HookPoint
 from probe.errors import ProbeError
 from probe.models import HookedLSTM, HookedRecurrent, InnerHookPoint
 
-from conftest import tiny_model
+from conftest import run_hooked, set_at, tiny_model
 
 B, T = 3, 9
 
@@ -249,28 +249,6 @@ def _state(model, x, block: int) -> dict[str, torch.Tensor]:
     return {k.rsplit("_", 1)[-1]: v for k, v in cache.items()}
 
 
-def _set_at(t: int, value: torch.Tensor):
-    def hook(a, hook):
-        a[:, t] = value
-        return a
-    return hook
-
-
-def _run_hooked(model, x, hooks, api: str):
-    """The same forward hooks through each of TransformerLens's hook APIs."""
-    if api == "run_with_hooks":
-        return model.run_with_hooks(x, fwd_hooks=hooks)
-    if api == "hooks":
-        with model.hooks(fwd_hooks=hooks):
-            return model(x)
-    for name, fn in hooks:
-        model.add_hook(name, fn)
-    try:
-        return model(x)
-    finally:
-        model.reset_hooks()
-
-
 @pytest.mark.parametrize("family,block", [("lstm", 0), ("lstm", 1), ("hybrid", 0), ("hybrid", 1)])
 @pytest.mark.parametrize("api", ["run_with_hooks", "hooks", "add_hook"])
 def test_editing_hook_h_at_t_is_override_state_at_t(family, block, api):
@@ -278,7 +256,7 @@ def test_editing_hook_h_at_t_is_override_state_at_t(family, block, api):
     x, t = tokens(), 4
     state = _state(model, x, block)
     h_new = 3 * torch.randn(B, 16, generator=torch.Generator().manual_seed(1))
-    out = _run_hooked(model, x, [(f"blocks.{block}.lstm.hook_h", _set_at(t, h_new))], api)
+    out = run_hooked(model, x, [(f"blocks.{block}.lstm.hook_h", set_at(t, h_new))], api)
     # the recurrence continues from (edited h_t, the run's own c_t)
     with model.blocks[block].lstm.override_state(t, h_new, state["c"][:, t]):
         expected = model(x)
@@ -295,7 +273,7 @@ def test_editing_hook_c_at_t_moves_h_from_t_on(family):
     x, t = tokens(), 4
     state = _state(model, x, 0)
     c_new = 3 * torch.randn(B, 16, generator=torch.Generator().manual_seed(2))
-    with model.hooks(fwd_hooks=[("blocks.0.lstm.hook_c", _set_at(t, c_new))]):
+    with model.hooks(fwd_hooks=[("blocks.0.lstm.hook_c", set_at(t, c_new))]):
         out, cache = model.run_with_cache(x, names_filter="blocks.0.lstm.hook_h")
     # h_t is computed from c_t: the state after t is (o_t tanh(c_new), c_new)
     h_t = state["o"][:, t] * torch.tanh(c_new)
@@ -312,8 +290,8 @@ def test_editing_hook_h_and_hook_c_at_t_is_override_state():
     x, t = tokens(), 3
     g = torch.Generator().manual_seed(3)
     h_new, c_new = torch.randn(B, 16, generator=g), 3 * torch.randn(B, 16, generator=g)
-    out = model.run_with_hooks(x, fwd_hooks=[("blocks.1.lstm.hook_c", _set_at(t, c_new)),
-                                             ("blocks.1.lstm.hook_h", _set_at(t, h_new))])
+    out = model.run_with_hooks(x, fwd_hooks=[("blocks.1.lstm.hook_c", set_at(t, c_new)),
+                                             ("blocks.1.lstm.hook_h", set_at(t, h_new))])
     with model.blocks[1].lstm.override_state(t, h_new, c_new):
         expected = model(x)
     torch.testing.assert_close(out, expected, rtol=0, atol=1e-5)
@@ -323,7 +301,7 @@ def test_zeroing_the_forget_gate_at_t_forgets_the_past():
     model = tiny_model("lstm")
     x, t = tokens(), 5
     state = _state(model, x, 0)
-    out = model.run_with_hooks(x, fwd_hooks=[("blocks.0.lstm.hook_f", _set_at(t, torch.zeros(B, 16)))])
+    out = model.run_with_hooks(x, fwd_hooks=[("blocks.0.lstm.hook_f", set_at(t, torch.zeros(B, 16)))])
     c_t = state["i"][:, t] * state["g"][:, t]
     with model.blocks[0].lstm.override_state(t, state["o"][:, t] * torch.tanh(c_t), c_t):
         expected = model(x)
@@ -335,7 +313,7 @@ def test_an_edit_after_t_changes_nothing_before_t():
     model = tiny_model("hybrid")
     x, t = tokens(), 6
     base = model(x)
-    hooks = [(f"blocks.{i}.lstm.hook_{p}", _set_at(t, torch.full((B, 16), 0.9))) for i in (0, 1) for p in "fch"]
+    hooks = [(f"blocks.{i}.lstm.hook_{p}", set_at(t, torch.full((B, 16), 0.9))) for i in (0, 1) for p in "fch"]
     out = model.run_with_hooks(x, fwd_hooks=hooks)
     torch.testing.assert_close(out[:, :t], base[:, :t], rtol=0, atol=1e-6)
     assert (out[:, t:] - base[:, t:]).abs().amax(dim=(0, 2)).min() > 1e-3
@@ -392,8 +370,8 @@ def test_gradients_under_a_state_patch_equal_those_of_override_state():
         loss.backward()
         return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
-    hooked = grads(model.run_with_hooks(x, labels=y, fwd_hooks=[("blocks.0.lstm.hook_c", _set_at(t, c_new)),
-                                                                ("blocks.0.lstm.hook_h", _set_at(t, h_new))]))
+    hooked = grads(model.run_with_hooks(x, labels=y, fwd_hooks=[("blocks.0.lstm.hook_c", set_at(t, c_new)),
+                                                                ("blocks.0.lstm.hook_h", set_at(t, h_new))]))
     with model.blocks[0].lstm.override_state(t, h_new, c_new):
         expected = grads(model(x, labels=y))
     assert hooked.keys() == expected.keys()
@@ -445,7 +423,7 @@ def test_override_state_at_several_positions_is_hook_edits_there_on_every_path()
 
     hooks = [(f"blocks.1.lstm.hook_{p}", put(p, k, t)) for p in "ch" for k, t in ((0, 6), (1, 2))]
     for api in ("run_with_hooks", "hooks", "add_hook"):
-        torch.testing.assert_close(_run_hooked(model, x, hooks, api), fused, rtol=0, atol=1e-5)
+        torch.testing.assert_close(run_hooked(model, x, hooks, api), fused, rtol=0, atol=1e-5)
     base = model(x)
     torch.testing.assert_close(fused[:, :2], base[:, :2], rtol=0, atol=1e-6)
     assert not torch.allclose(fused[:, 2:], base[:, 2:])
@@ -570,7 +548,7 @@ def test_fp32_recurrence_keeps_the_kernel_in_float32_under_bf16_autocast():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = lstm(inp.bfloat16())
         logits = model(x)
-        edited = model.run_with_hooks(x, fwd_hooks=[("blocks.0.lstm.hook_h", _set_at(4, torch.zeros(B, 16)))])
+        edited = model.run_with_hooks(x, fwd_hooks=[("blocks.0.lstm.hook_h", set_at(4, torch.zeros(B, 16)))])
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, lstm(inp), rtol=0, atol=2e-2)  # the input was rounded to bf16
     assert (logits.float() - reference).abs().max() < 0.1
@@ -682,7 +660,7 @@ def test_a_new_cell_gets_causal_edits_and_override_state_from_the_template():
     for p in "ah":
         torch.testing.assert_close(cache[f"cell.hook_{p}"], unrolled[p], rtol=0, atol=1e-6)
     h_new = torch.randn(B, 8, generator=torch.Generator().manual_seed(2))
-    out = root.run_with_hooks(x, fwd_hooks=[("cell.hook_h", _set_at(4, h_new))])
+    out = root.run_with_hooks(x, fwd_hooks=[("cell.hook_h", set_at(4, h_new))])
     with cell.override_state(4, h_new):
         torch.testing.assert_close(out, root(x), rtol=0, atol=1e-6)
     torch.testing.assert_close(out[:, :4], cache["cell.hook_h"][:, :4], rtol=0, atol=0)
