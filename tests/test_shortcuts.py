@@ -50,6 +50,7 @@ from probe.shortcuts import (
 from probe.shortcuts.oracles import GatedRecall
 from probe.shortcuts.sampling import Sampled, baselines, sample
 from probe.shortcuts.sums import Perturbed
+from probe.shortcuts.window import resample_before, window_controls
 from probe.tasks import make_task
 from probe.train import TrainConfig, train
 
@@ -522,6 +523,82 @@ def test_window_test_separates_a_tracker_from_a_windowed_model(name):
     assert (far.acc_new - far.chance).abs().max() < 0.1, "...so on the new labels they are at chance"
     na = window_test(tracker(task), make_task("recall"))
     assert not na.applicable and "not applicable" in na.reason
+
+
+def _resample_nothing(task, tokens, target, k, g):
+    """Broken: the positions are chosen but every number keeps its old value."""
+    _, drawn = resample_before(task, tokens, target, k, g)
+    return tokens.clone(), drawn
+
+
+def _resample_one_too_far(task, tokens, target, k, g):
+    """Broken: an off-by-one at the border also redraws position t - k, one the test claims to keep."""
+    return resample_before(task, tokens, target + 1, k, g)
+
+
+def _resample_to_zero(task, tokens, target, k, g):
+    """Broken: the redrawn numbers are all 0, not uniform, so the new label is the sum of the kept positions."""
+    new, drawn = resample_before(task, tokens, target, k, g)
+    return torch.where(drawn, 0, new), drawn
+
+
+def _answers_read_one_late(monkeypatch):
+    """Broken measurement: every answer read one position late, so the answer scored at t is the one at t - 1."""
+    import probe.shortcuts.window as module
+
+    right = module.predict
+    monkeypatch.setattr(module, "predict", lambda forward, tokens: torch.roll(right(forward, tokens), 1, dims=1))
+    return {}
+
+
+# Each window check -> (the breakage that must make it fail, where its value must lie for the correct method,
+# where for the broken one). Both bounds sit well away from the check's threshold (chance + 0.1, or exactly 1), so
+# that a pass or a failure by sampling noise alone does not count.
+_WINDOW_BREAKAGES = {
+    "window_tracker_oracle_acc_new": (_answers_read_one_late, lambda v, c: v == 1, lambda v, c: v < 0.5),
+    "window_resampling_changes_labels": (lambda mp: {"resample": _resample_nothing},
+                                         lambda v, c: v < c + 0.06, lambda v, c: v > 0.9),
+    "window_windowed_oracle_agree_old": (lambda mp: {"resample": _resample_one_too_far},
+                                         lambda v, c: v == 1, lambda v, c: v < 0.8),
+    "window_windowed_oracle_acc_new": (lambda mp: {"resample": _resample_to_zero},
+                                       lambda v, c: v < c + 0.06, lambda v, c: v > 0.9),
+}
+
+
+def _window_rows(rows):
+    return {r["control"]: r for r in rows}
+
+
+@pytest.mark.parametrize("control", list(_WINDOW_BREAKAGES))
+def test_each_window_check_passes_on_the_correct_method_and_fails_on_its_broken_one(interleaved, monkeypatch,
+                                                                                    control):
+    breakage, right_side, wrong_side = _WINDOW_BREAKAGES[control]
+    c = 1 / interleaved.m
+    right = _window_rows(window_controls(interleaved))
+    assert set(right) == set(_WINDOW_BREAKAGES) and all(r["kind"] == "instrument" for r in right.values())
+    assert right[control]["passed"] and right_side(right[control]["value"], c), right[control]
+    wrong = _window_rows(window_controls(interleaved, **breakage(monkeypatch)))
+    assert not wrong[control]["passed"] and wrong_side(wrong[control]["value"], c), wrong[control]
+
+
+def test_window_checks_fail_only_where_their_breakage_reaches(interleaved):
+    """Each breakage of the resampling is seen by its own check and by no other: a redraw to zeros still changes
+    the labels and keeps the kept positions; an off-by-one at the border still changes the labels at random; numbers
+    left as they were change no label, so the w = 1 model stays at its (chance) accuracy."""
+    failing = {name: {r["control"] for r in window_controls(interleaved, resample=broken) if not r["passed"]}
+               for name, broken in [("zero", _resample_to_zero), ("far", _resample_one_too_far),
+                                    ("nothing", _resample_nothing)]}
+    assert failing["zero"] == {"window_windowed_oracle_acc_new"}
+    assert failing["far"] == {"window_windowed_oracle_agree_old"}
+    assert failing["nothing"] == {"window_resampling_changes_labels"}
+
+
+def test_window_kept_positions_check_sees_an_off_by_one_at_every_k(interleaved):
+    """The off-by-one is caught at k = 2 and 8 alone, where a model that sees only the last 2 positions would not
+    notice it (it never looks back as far as t - k)."""
+    rows = _window_rows(window_controls(interleaved, ks=[2, 8], resample=_resample_one_too_far))
+    assert not rows["window_windowed_oracle_agree_old"]["passed"]
+    assert rows["window_windowed_oracle_agree_old"]["value"] < 0.8
 
 
 # --- attention diagnostics ----------------------------------------------------------------------------------------
