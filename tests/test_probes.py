@@ -26,9 +26,11 @@ from probe.probes import (
     interchange_pair,
     main,
     probe_model,
+    random_bases,
+    result_rows,
     verdict_rows,
 )
-from probe.probes.targets import is_affine
+from probe.probes.targets import is_affine, resolve_windows, windowed_sum
 from probe.schedules import ScheduleConfig
 from probe.tasks import make_task
 from probe.train import TrainConfig, Trainer
@@ -44,14 +46,17 @@ class CounterLSTM(nn.Module):
     ``extra="store"``: h and c also hold c_t = sum pi(x_i) mod m (dims 2m..3m-1), which the answers ignore;
     ``extra="use"``: as "store", and the answer it writes is (s_t + [c_t == 0]) mod m, so answers depend on more
     than s_t; ``relocate_after=k``: from position k on, s_t is written in dims 2m..3m-1 instead (the code changes
-    beyond the training range, the information does not). ``override_state`` continues from the s_t (and c_t) that
-    the set cell state holds, as ``HookedLSTM.override_state`` does."""
+    beyond the training range, the information does not); ``window=k``: h and c hold the sum of the last k numbers
+    w_t instead of s_t, and the answer is w_t (a windowed shortcut: exact while t <= k). ``override_state``
+    continues from the s_t (and c_t) that the set cell state holds, as ``HookedLSTM.override_state`` does (not with
+    ``window``: that model is only probed)."""
 
     STATES = ("h", "c")  # a cell's state hooks, in override_state's order, as every recurrent cell lists them
 
-    def __init__(self, m: int, extra: str | None = None, relocate_after: int | None = None) -> None:
+    def __init__(self, m: int, extra: str | None = None, relocate_after: int | None = None,
+                 window: int | None = None) -> None:
         super().__init__()
-        self.m, self.extra, self.relocate_after = m, extra, relocate_after
+        self.m, self.extra, self.relocate_after, self.window = m, extra, relocate_after, window
         self.pi = torch.as_tensor(control_map(m, 0))
         self.hook_h = HookPoint()
         self.hook_c = HookPoint()
@@ -79,10 +84,11 @@ class CounterLSTM(nn.Module):
         hs, cs = [], []
         for t in range(t_len):
             s, p = (s + tokens[:, t]) % m, (p + self.pi[tokens[:, t]]) % m
+            held = tokens[:, max(0, t - self.window + 1):t + 1].sum(1) % m if self.window else s
             slot = 2 * m if self.relocate_after is not None and t >= self.relocate_after else 0
             extra = {2 * m: p} if self.extra else {}
-            answer = (s + (p == 0).long()) % m if self.extra == "use" else s
-            h, c = self._onehots({slot: answer, **extra}, b), self._onehots({slot: s, **extra}, b)
+            answer = (held + (p == 0).long()) % m if self.extra == "use" else held
+            h, c = self._onehots({slot: answer, **extra}, b), self._onehots({slot: held, **extra}, b)
             if self._override is not None and self._override[0] == t:
                 h, c = self._override[1], self._override[2]
                 s = c[:, :m].argmax(-1)
@@ -219,7 +225,9 @@ def test_controls_and_interventions_of_a_state_tracker(state_tracker):
     assert len(identity) == 2 and identity.passed.all() and (identity.changed_frac == 0).all()
     same = res.controls[res.controls.control == "same_sum"]
     assert len(same) == 2 and same.passed.all()
-    assert set(res.interventions.kind) == {"full", "same_sum", "subspace"}
+    assert set(res.interventions.kind) == {"full", "same_sum", "subspace"}  # the baselines are off by default
+    assert res.window_targets.empty and set(res.controls.control) == {"permuted_target", "shuffled_labels",
+                                                                       "identity_patch", "same_sum"}
     assert set(res.verdicts.verdict) == {"decodable, used"}
     head = headline(res, factors=(3,))
     assert head["lstm_acc_in_3x"] > 0.95 and head["lstm_acc_beyond_3x"] > 0.95 and head["lstm_control_in_3x"] < 0.6
@@ -287,6 +295,97 @@ def test_control_target_passes_for_a_counter_and_fails_for_a_model_that_computes
     assert (both.beyond("beyond").control_acc > 0.95).all() and (both.beyond("beyond").selectivity < 0.05).all()
 
 
+# --- windowed-sum control targets: what a shortcut-taking model computes instead of s_t -----------------------------
+def slow_windowed_sum(tokens: torch.Tensor, state: torch.Tensor, m: int, k: int) -> torch.Tensor:
+    """The obvious oracle: walk each sequence, keep its numbers, sum the last k of them."""
+    out = torch.full_like(tokens, -1)
+    for b in range(tokens.shape[0]):
+        seen: list[int] = []
+        for t in range(tokens.shape[1]):
+            if state[b, t]:
+                seen.append(int(tokens[b, t]))
+                out[b, t] = sum(seen[-k:]) % m
+    return out
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 40])
+def test_windowed_sum_is_the_sum_of_the_last_k_numbers(k):
+    """Against the loop above, on a task with queries (skipped, as s_t skips them) and a dictionary prefix."""
+    task = make_task("interleaved", m=5, train_length=8)
+    batch = task.sample(20, 16, 0)
+    state = batch.masks["state"]
+    want = slow_windowed_sum(batch.tokens, state, task.m, k)
+    assert torch.equal(windowed_sum(batch.tokens, state, task.m, k), want)
+    assert torch.equal(control_labels(batch.tokens, state, task.m, control=f"window{k}"), want)
+    if k >= 20:  # a window longer than the stream is the running sum
+        assert torch.equal(want[state], batch.sums[state])
+
+
+def test_windows_resolve_l_to_the_training_length():
+    assert resolve_windows((10, "L", 3, 8), 8) == ["window3", "window8", "window10"]
+    from probe.errors import ProbeError
+
+    with pytest.raises(ProbeError, match="positive integer"):
+        resolve_windows((0,), 8)
+
+
+@pytest.fixture(scope="module")
+def window_runs(counter_task):
+    """An exact counter and two windowed shortcuts (k = 3, and k = L_train: exact in the training range), probed
+    with the window targets k = 3 and L_train."""
+    kw = dict(hooks=["lstm.hook_h"], lengths=[16, 24], n_train=64, n_train_beyond=32, n_test=32, patching=False,
+              windows=(3, "L"))
+    L = counter_task.train_length
+    return {name: probe_model(counter_model(counter_task, **extra), counter_task, **kw)
+            for name, extra in (("counter", {}), ("window3", {"window": 3}), (f"window{L}", {"window": L}))}
+
+
+def test_window_targets_tell_a_windowed_shortcut_from_a_counter(window_runs, counter_task):
+    """Hand-built oracles, no training. A model whose state is the sum of the last k numbers: its window-k probe reads
+    it and its s_t probe is at chance beyond the window; the exact counter the reverse -- by a margin, on both
+    training bands and at every test length beyond L_train. Fails with the window target computed as s_t (targets
+    swapped), with a window one number too long or too short, and with the window probe fit on s_t's labels."""
+    chance = 1 / counter_task.m
+    L = counter_task.train_length
+    counter = window_runs["counter"].window_targets
+    counter = counter[counter.test_positions == "beyond"]
+    assert set(counter.control_target) == {"window3", f"window{L}"} and len(counter) == 2 * 2 * 2
+    assert (counter.probe_acc > 0.95).all() and (counter.control_acc < chance + 0.15).all()
+    assert (counter.probe_acc - counter.control_acc > 0.6).all()
+    for name in ("window3", f"window{L}"):
+        rows = window_runs[name].window_targets
+        rows = rows[rows.test_positions == "beyond"]
+        own, other = rows[rows.control_target == name], rows[rows.control_target != name]
+        assert (own.control_acc > 0.95).all() and (own.probe_acc < chance + 0.15).all()
+        assert (own.control_acc - own.probe_acc > 0.6).all()
+        # another window is as unrelated to this state as s_t is: each target is its own variable
+        assert (other.control_acc < chance + 0.15).all()
+        # the s_t probe is the same fit as in by_length: the window rows sit beside it
+        main_rows = window_runs[name].by_length
+        merged = own.merge(main_rows, on=["hook", "train_positions", "length", "test_positions"])
+        assert np.allclose(merged.probe_acc_x, merged.probe_acc_y)
+
+
+def test_window_target_controls_pass_for_a_counter_and_fail_for_the_shortcut(window_runs, counter_task):
+    """The ``window{k}_target`` rows are controls that can fail, and the JSON rows name their target."""
+    L = counter_task.train_length
+    for name, res in window_runs.items():
+        rows = res.controls[res.controls.control.str.startswith("window")].set_index(["control", "train_positions"])
+        assert len(rows) == 4 and set(rows.control_target) == {"window3", f"window{L}"}
+        # a shortcut model fails every window control: nothing of it decodes s_t beyond L_train (selectivity ~0
+        # against another window, and far below 0 against its own)
+        assert (rows.passed == (name == "counter")).all(), name
+        if name != "counter":
+            assert (rows.loc[f"{name}_target"].selectivity < -0.6).all()
+    rows, controls = result_rows(window_runs["counter"], 0)
+    windowed = [r for r in rows if r.get("control_target", "").startswith("window")]
+    assert len(windowed) == len(window_runs["counter"].window_targets)
+    assert all(r["analysis"] == "probe" and r["scope"] == "length" for r in windowed)
+    assert {r["control_target"] for r in rows if r not in windowed} == {"permuted"}  # the other rows as before
+    kinds = {c["control"]: (c["kind"], c["control_target"]) for c in controls if c["control"].startswith("window")}
+    assert kinds == {"window3_target": ("control", "window3"), f"window{L}_target": ("control", f"window{L}")}
+
+
 def test_beyond_trained_probe_tells_a_moved_code_from_missing_information(counter_task):
     """s_t moves to other units after L_train: the in-range probe fails beyond, the beyond-trained one does not."""
     res = probe_model(counter_model(counter_task, relocate_after=counter_task.train_length), counter_task,
@@ -344,6 +443,63 @@ def test_subspace_interchange_of_an_unread_subspace_moves_nothing(counter_task, 
     assert iv.loc[("subspace", "all"), "iia"] == iv.loc[("subspace", "all"), "unpatched_cf"]
     assert iv.loc[("subspace", "all"), "changed_frac"] == 0
     assert res.verdicts.verdict.iloc[0] == "decodable, state used, s_t not isolated"
+
+
+def test_random_bases_are_orthonormal_of_the_same_rank_and_fixed_by_the_seed():
+    rng = np.random.default_rng(0)
+    bases = {"a": np.linalg.qr(rng.standard_normal((15, 4)))[0], "b": np.linalg.qr(rng.standard_normal((9, 2)))[0]}
+    draws = random_bases(bases, 3, seed=1)
+    assert len(draws) == 3
+    for drawn in draws:
+        for hook, q in drawn.items():
+            assert q.shape == bases[hook].shape and np.allclose(q.T @ q, np.eye(q.shape[1]))
+    assert not np.allclose(draws[0]["a"], draws[1]["a"])  # each draw a new subspace
+    assert all(np.array_equal(x["a"], y["a"]) for x, y in zip(draws, random_bases(bases, 3, seed=1), strict=True))
+    assert random_bases({}, 3) == [{}, {}, {}] and random_bases(bases, 0) == []
+
+
+@pytest.fixture(scope="module")
+def subspace_kw():
+    return dict(hooks=["lstm.hook_h"], lengths=[16, 24], n_train=64, n_train_beyond=32, n_test=32, n_patch=32,
+                random_subspaces=3)
+
+
+def test_random_subspace_of_the_same_rank_moves_far_fewer_answers(counter_task, subspace_kw):
+    """The baseline of the subspace interchange: on the counter, the probe's subspace moves every later answer to the
+    counterfactual, random subspaces of the same rank (three draws) almost none -- a margin that a baseline reusing
+    the probe's subspace (next test) cannot meet."""
+    res = probe_model(counter_model(counter_task), counter_task, **subspace_kw)
+    iv = res.interventions.set_index(["kind", "length", "test_positions"])
+    assert set(res.interventions.kind) == {"full", "same_sum", "subspace", "subspace_random"}
+    for length in (16, 24):
+        probe_run, rand = iv.loc[("subspace", length, "all")], iv.loc[("subspace_random", length, "all")]
+        assert rand.n == probe_run.n  # n counts the answers of one draw
+        assert probe_run.iia > 0.95 and rand.iia < rand.unpatched_cf + 0.15
+        assert probe_run.iia - rand.iia > 0.7 and probe_run.changed_frac - rand.changed_frac > 0.7
+    rows = res.controls[res.controls.control == "random_subspace"]
+    assert len(rows) == 2 and rows.passed.all() and (rows.draws == 3).all()
+    assert (rows.iia_subspace - rows.iia_random > 0.7).all()
+    assert res.meta["random_subspace_draws"] == 3
+    _, controls = result_rows(res, 0)
+    assert {c["kind"] for c in controls if c["control"] == "random_subspace"} == {"control"}
+    # the verdicts are those of the run without the baseline
+    plain = probe_model(counter_model(counter_task), counter_task, **{**subspace_kw, "random_subspaces": 0})
+    assert "subspace_random" not in set(plain.interventions.kind)
+    pd.testing.assert_frame_equal(plain.verdicts, res.verdicts)
+
+
+def test_random_subspace_control_fails_when_the_baseline_reuses_the_probe_subspace(counter_task, subspace_kw,
+                                                                                    monkeypatch):
+    """Broken on purpose: "random" bases that are the probe's own make the baseline move as many answers as the probe's
+    subspace, and the control fails."""
+    import probe.probes.interventions as interventions
+
+    monkeypatch.setattr(interventions, "random_bases", lambda bases, draws, seed=0: [dict(bases)] * draws)
+    res = probe_model(counter_model(counter_task), counter_task, **subspace_kw)
+    iv = res.interventions.set_index(["kind", "length", "test_positions"])
+    assert iv.loc[("subspace_random", 16, "all"), "iia"] == iv.loc[("subspace", 16, "all"), "iia"]
+    rows = res.controls[res.controls.control == "random_subspace"]
+    assert len(rows) == 2 and not rows.passed.any()
 
 
 @pytest.mark.parametrize("same_sum", [False, True])
@@ -431,15 +587,20 @@ def test_cli_json_and_figures(tmp_path, capsys):
     hybrid_hooks = set(probes[probes.checkpoint == str(hybrid_path)].hook)
     assert "blocks.1.hook_attn_out" in hybrid_hooks and "blocks.0.lstm.hook_c" in hybrid_hooks
     assert "blocks.0.lstm.hook_h+blocks.1.lstm.hook_h" in hybrid_hooks
+    # the CLI adds the windowed-sum targets (3, 10, L_train = 8) and the random-subspace baseline by default
+    assert set(probes.control_target) == {"permuted", "window3", "window8", "window10"}
+    main_rows = probes[(probes.control_target == "permuted") & (probes.scope == "length")]
+    for target in ("window3", "window8", "window10"):
+        assert len(probes[probes.control_target == target]) == len(main_rows)
     iv = rows[rows.analysis == "intervention"]
-    assert set(iv.kind) == {"full", "same_sum", "subspace"} and -1 in set(iv[iv.checkpoint == str(hybrid_path)].block)
+    assert set(iv.kind) == {"full", "same_sum", "subspace", "subspace_random"}
+    assert -1 in set(iv[iv.checkpoint == str(hybrid_path)].block)
     assert (rows.analysis == "verdict").any()
-    assert {c["control"] for c in obj["controls"]} == {"permuted_target", "shuffled_labels", "identity_patch",
-                                                       "same_sum"}
     assert all(isinstance(c["passed"], bool) for c in obj["controls"])
     kinds = {c["control"]: c["kind"] for c in obj["controls"]}
     assert kinds == {"permuted_target": "control", "same_sum": "control", "shuffled_labels": "instrument",
-                     "identity_patch": "instrument"}
+                     "identity_patch": "instrument", "window3_target": "control", "window8_target": "control",
+                     "window10_target": "control", "random_subspace": "control"}
     assert json.loads((out / "results.json").read_text()) == obj
     for name in ("probes_heatmap", "probes_position", "probes_compare"):
         assert (out / f"{name}.png").stat().st_size > 10_000
@@ -452,6 +613,9 @@ def test_cli_json_and_figures(tmp_path, capsys):
     (["{ckpt}", "--lengths", "0,5"], "bad --lengths"),
     (["{ckpt}", "--n-train-beyond", "0"], "must be a positive integer"),
     (["{ckpt}", "--lengths", "100000000"], "use lengths up to"),
+    (["{ckpt}", "--windows", "0,3"], "positive integers and L"),
+    (["{ckpt}", "--windows", "3,K"], "positive integers and L"),
+    (["{ckpt}", "--random-subspaces", "-1"], "random-subspaces"),
 ])
 def test_cli_user_errors_exit_2(tmp_path, capsys, argv, message):
     task = make_task("interleaved", train_length=8)
@@ -459,6 +623,16 @@ def test_cli_user_errors_exit_2(tmp_path, capsys, argv, message):
     assert main([a.format(ckpt=ckpt) for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and "\n" not in err
+
+
+def test_cli_defaults_repeated_for_a_fast_help_agree_with_the_modules():
+    from probe.probes import cli as pcli
+    from probe.probes import targets
+
+    assert pcli.WINDOWS == targets.WINDOWS
+    args = pcli.build_parser().parse_args(["x.pt", "--windows", "none", "--random-subspaces", "0"])
+    assert args.windows == [] and args.random_subspaces == 0
+    assert pcli.build_parser().parse_args(["x.pt", "--windows", "L,5"]).windows == ["L", 5]
 
 
 def test_permuted_control_on_z2_is_a_user_error():

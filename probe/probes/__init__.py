@@ -15,10 +15,12 @@ _EXPORTS = {
     **dict.fromkeys(["BANDS", "HOOK_SUFFIXES", "Activations", "band_mask", "collect_activations", "default_hooks",
                      "fit_probe", "random_init_like", "readout_basis", "resolve_hooks", "slot_block", "state_hook",
                      "state_names"], "fit"),
-    **dict.fromkeys(["KINDS", "SAME_SUM_MAX", "InterchangePair", "interchange_intervention", "interchange_pair",
-                     "States", "lstm_states_at", "patched_logits", "subspace_interchange"], "interventions"),
+    **dict.fromkeys(["KINDS", "RANDOM_SUBSPACE_MARGIN", "SAME_SUM_MAX", "InterchangePair", "interchange_intervention",
+                     "interchange_pair", "States", "lstm_states_at", "patched_logits", "random_bases",
+                     "subspace_interchange"], "interventions"),
     **dict.fromkeys(["plot_compare", "plot_heatmap", "plot_position"], "plots"),
-    **dict.fromkeys(["CONTROL_TARGETS", "control_labels", "control_map", "permuted_sum"], "targets"),
+    **dict.fromkeys(["CONTROL_TARGETS", "WINDOWS", "control_labels", "control_map", "permuted_sum",
+                     "resolve_windows", "windowed_sum"], "targets"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

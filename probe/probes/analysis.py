@@ -33,6 +33,7 @@ from probe.probes.fit import (
     state_names,
 )
 from probe.probes.interventions import SAME_SUM_MAX, interchange_intervention
+from probe.probes.targets import resolve_windows
 from probe.tasks import TaskConfig
 
 TRAIN_BANDS = ("in", "beyond")
@@ -65,7 +66,9 @@ class ProbeResult:
     ``by_length``: one row per (hook, train_positions, length, test_positions); ``by_position``: one row per (hook,
     train_positions, length, position bucket); both with ``probe_acc, control_acc, selectivity, random_init_acc,
     majority_acc, n``. ``interventions``: one row per (kind, block, length, test_positions).
-    ``verdicts``: one row per (block, length). ``controls``: rows with ``passed``.
+    ``verdicts``: one row per (block, length). ``controls``: rows with ``passed``. ``window_targets`` (only with
+    ``windows``): one row per (control_target, hook, train_positions, length, test_positions), the columns of
+    ``by_length`` with ``control_acc`` / ``selectivity`` those of a probe of the windowed sum ``control_target``.
     """
 
     checkpoint: str
@@ -77,6 +80,7 @@ class ProbeResult:
     verdicts: pd.DataFrame
     controls: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    window_targets: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def beyond(self, train_positions: str = "in") -> pd.DataFrame:
         """Rows of probes trained on ``train_positions`` and tested on t > L_train."""
@@ -105,12 +109,12 @@ def _summarise(df: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 
 def _training_data(model: HookedSequenceModel, task: TaskConfig, hooks: Sequence[str], n_in: int, n_beyond: int,
-                   seed: int, control: str, control_seed: int) -> Activations:
+                   seed: int, control: str, control_seed: int, targets: Sequence[str] = ()) -> Activations:
     L = task.train_length
     # The models are causal and have no end marker, so position t of a length-L_train sequence is the last
     # position of a length-t one: every position of L_train-long sequences covers the lengths 1..L_train.
-    inside = collect_activations(model, task, [L], n_in, hooks, seed, control, control_seed)
-    far = collect_activations(model, task, [3 * L], n_beyond, hooks, seed + 250_000, control, control_seed)
+    inside = collect_activations(model, task, [L], n_in, hooks, seed, control, control_seed, targets)
+    far = collect_activations(model, task, [3 * L], n_beyond, hooks, seed + 250_000, control, control_seed, targets)
     return Activations.concat([inside, far.select(band_mask(far.position, L, "beyond"))])
 
 
@@ -118,13 +122,19 @@ def probe_model(
     model: HookedSequenceModel, task: TaskConfig, lengths: Sequence[int] | None = None,
     hooks: Sequence[str] | None = None, n_train: int = 200, n_train_beyond: int = 100, n_test: int = 48,
     seed: int = 0, patching: bool = True, n_patch: int = 48, control: str = "permuted", name: str = "<model>",
-    progress: bool = False,
+    progress: bool = False, windows: Sequence[int | str] = (), random_subspaces: int = 0,
 ) -> ProbeResult:
     """Probe every hook for s_t, trained in range and beyond it, tested on ``n_test`` fresh sequences per test length
     (default 1x..4x L_train) by position band, controls beside every number; then intervene on the recurrent state
-    (whole state, same-sum source, probe subspace) and give each recurrent block a verdict per length."""
+    (whole state, same-sum source, probe subspace) and give each recurrent block a verdict per length.
+
+    ``windows`` (``targets.WINDOWS`` for the default set; ``"L"`` = L_train): each hook's probe rows are repeated in
+    ``window_targets`` beside a probe of the sum of the last k numbers, with a ``window{k}_target`` control.
+    ``random_subspaces``: draws of the random-subspace baseline of the subspace interchange. Both are off by default
+    so that a caller that prints the result (a notebook) gets the same tables as before they existed."""
     model.eval()
     L = task.train_length
+    window_names = resolve_windows(windows, L)
     lengths = list(lengths) if lengths else multiples(L)
     hooks = resolve_hooks(model, hooks)
     blocks = lstm_blocks(model)
@@ -133,16 +143,16 @@ def probe_model(
     rand = random_init_like(model, seed)
     train_seed, test_seed = PROBES + seed * 1_000_000, PROBES + seed * 1_000_000 + 500_000
     note(f"{name}: activations of {len(hooks)} hooks, trained and random-init model", progress)
-    train = _training_data(model, task, hooks, n_train, n_train_beyond, train_seed, control, seed)
+    train = _training_data(model, task, hooks, n_train, n_train_beyond, train_seed, control, seed, window_names)
     rtrain = _training_data(rand, task, hooks, n_train, n_train_beyond, train_seed, control, seed)
-    test = collect_activations(model, task, lengths, n_test, hooks, test_seed, control, seed)
+    test = collect_activations(model, task, lengths, n_test, hooks, test_seed, control, seed, window_names)
     rtest = collect_activations(rand, task, lengths, n_test, hooks, test_seed, control, seed)
     width = max(1, L // 5)
     keys = pd.DataFrame({"length": test.length, "position_lo": (test.position - 1) // width * width + 1})
     keys["position_hi"] = keys.position_lo + width - 1
     keys["bucket_band"] = np.where(keys.position_hi <= L, "in", np.where(keys.position_lo > L, "beyond", "all"))
     test_bands = {b: band_mask(test.position, L, b) for b in BANDS}
-    by_len, by_pos, bases = [], [], {}
+    by_len, by_pos, by_window, bases = [], [], [], {}
     jobs = [(h, b) for h in hooks for b in TRAIN_BANDS + (("all",) if h in subspace_hooks else ())]
     it: Iterable[tuple[str, str]] = progress_iter(jobs, f"probes {name}", progress)
     for hook, band in it:
@@ -162,6 +172,16 @@ def probe_model(
         for tb, mask in test_bands.items():
             if mask.any():
                 by_len.append(_summarise(scored[mask], ["length"]).assign(test_positions=tb, **info))
+        for target in window_names:
+            # the same s_t probe, its control column now a probe of the windowed sum: a hook that decodes the
+            # window better than s_t beyond L_train is the signature of a windowed shortcut
+            wprobe = fit_probe(x, train.targets[target][sel], seed)
+            windowed = scored.assign(control=wprobe.predict(xt) == test.targets[target])
+            winfo = {**info, "converged": all(converged(p) for p in (probe, wprobe, rprobe))}
+            for tb, mask in test_bands.items():
+                if mask.any():
+                    by_window.append(_summarise(windowed[mask], ["length"])
+                                     .assign(test_positions=tb, control_target=target, **winfo))
         by_pos.append(_summarise(scored, ["length", "position_lo", "position_hi", "bucket_band"])
                       .rename(columns={"bucket_band": "test_positions"}).assign(hook=hook, train_positions=band))
         if band == "all":
@@ -179,19 +199,35 @@ def probe_model(
     by_length.insert(4, "factor", by_length.length / L)
     by_position = arrange(pd.concat(by_pos, ignore_index=True), ["position_lo"])
     controls = control_target_rows(by_length, control)
+    window_targets = pd.DataFrame()
+    if by_window:
+        window_targets = arrange(pd.concat(by_window, ignore_index=True), [])
+        window_targets.insert(4, "factor", window_targets.length / L)
+        order_t = {t: k for k, t in enumerate(window_names)}
+        window_targets = window_targets.sort_values("control_target", key=lambda c: c.map(order_t), kind="stable")
+        window_targets = window_targets.reset_index(drop=True)
+        for target in window_names:
+            rows = window_targets[window_targets.control_target == target]
+            controls += [{**r, "control_target": target} for r in control_target_rows(rows, target)]
     in_rows = by_length[(by_length.train_positions == "in") & (by_length.test_positions == "in")]
     best_in = str(in_rows.groupby("hook", sort=False).probe_acc.mean().reindex(hooks).idxmax())
     controls.append(shuffled_labels_row(train, test, best_in, L, seed))
     if patching:
         note(f"{name}: interventions on the recurrent state", progress)
-    interventions, ctrl_rows = (interchange_intervention(model, task, lengths, n_patch, seed, bases=bases)
+    interventions, ctrl_rows = (interchange_intervention(model, task, lengths, n_patch, seed, bases=bases,
+                                                         random_draws=random_subspaces)
                                 if patching else (pd.DataFrame(), pd.DataFrame()))
     verdicts = verdict_rows(interventions, by_length, L) if not interventions.empty else pd.DataFrame()
     result_controls = pd.concat([pd.DataFrame(controls), ctrl_rows], ignore_index=True)
     meta = {"train_positions_n": int(len(train.labels)), "test_positions_n": int(len(test.labels)), "m": task.m,
             "position_bucket": width, "n_train": n_train, "n_train_beyond": n_train_beyond, "n_test": n_test,
             "control_target": control, "subspace_rank": {k: int(v.shape[1]) for k, v in bases.items()}}
-    return ProbeResult(name, L, hooks, by_length, by_position, interventions, verdicts, result_controls, meta)
+    if window_names:
+        meta["window_targets"] = window_names
+    if patching and random_subspaces:
+        meta["random_subspace_draws"] = random_subspaces
+    return ProbeResult(name, L, hooks, by_length, by_position, interventions, verdicts, result_controls, meta,
+                       window_targets)
 
 
 def _band_at(length: int, train_length: int) -> str:
@@ -245,11 +281,14 @@ def verdict_rows(interventions: pd.DataFrame, by_length: pd.DataFrame, train_len
     return pd.DataFrame(rows)
 
 
-CONTROL_KINDS = {"shuffled_labels": INSTRUMENT, "identity_patch": INSTRUMENT, "same_sum": CONTROL}
-"""Kinds of the probe rows: the control target (``<target>_target``, every other name) is a target a shortcut-taking
-model could decode instead, and the same-sum interchange a source that would move a model whose state is more than
-s_t: both could refute the claim (controls); shuffled labels (a pipeline that leaks labels) and the identity patch
-(patching machinery) check the method (instrument checks)."""
+CONTROL_KINDS = {"shuffled_labels": INSTRUMENT, "identity_patch": INSTRUMENT, "same_sum": CONTROL,
+                 "random_subspace": CONTROL, "window": CONTROL}
+"""Kinds of the probe rows: the control targets (``<target>_target``, every other name; ``window{k}_target``: a
+windowed sum) are targets a shortcut-taking model could decode instead, the same-sum interchange a source that would
+move a model whose state is more than s_t, and the random subspace a baseline that would move the answers as much
+as the probe's subspace if that subspace were nothing special: each could refute the claim (controls); shuffled
+labels (a pipeline that leaks labels) and the identity patch (patching machinery) check the method (instrument
+checks)."""
 
 
 def run_probes(ckpt: Checkpoint, device: torch.device | str = "cpu", **kw: Any) -> ProbeResult:
@@ -301,6 +340,9 @@ def result_rows(result: ProbeResult, seed: int) -> tuple[list[dict[str, Any]], l
     rows += [{**base, "analysis": "probe", "scope": "position", **r} for r in result.by_position.to_dict("records")]
     rows += [{**base, "analysis": "intervention", **r} for r in result.interventions.to_dict("records")]
     rows += [{**base, "analysis": "verdict", **r} for r in result.verdicts.to_dict("records")]
+    # last, so that a reader that takes the first matching probe row still gets the control_target of the others
+    rows += [{**base, "analysis": "probe", "scope": "length", "position_lo": None, "position_hi": None, **r}
+             for r in result.window_targets.to_dict("records")]
     controls = []
     for r in result.controls.to_dict("records"):
         r = {k: v for k, v in r.items() if not (isinstance(v, float) and np.isnan(v))}

@@ -13,6 +13,7 @@ from probe.cli import (
     add_threads,
     envelope,
     make_parser,
+    nonnegative_int,
     positive_int,
     resolve_device,
     run_cli,
@@ -23,7 +24,27 @@ from probe.cli import (
 
 HOOK_SUFFIXES = ("hook_attn_out", "hook_resid_post")  # = probe.probes.fit's
 CONTROL_TARGETS = ("permuted", "history", "bigram")  # = probe.probes.targets' (a test checks both)
+WINDOWS = (3, 10, "L")  # = probe.probes.targets'
+RANDOM_SUBSPACES = 3
 """Repeated here so that ``--help`` needs no import of the models."""
+
+
+def window_list(text: str) -> list[int | str]:
+    """``--windows``: a comma list of positive integers and ``L`` (the checkpoint's L_train), or ``none``."""
+    if text.strip() == "none":
+        return []
+    out: list[int | str] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if part == "L":
+            out.append(part)
+        elif part.isdigit() and int(part) >= 1:
+            out.append(int(part))
+        else:
+            raise argparse.ArgumentTypeError(f"{text!r}: use a comma list of positive integers and L, e.g. 3,10,L, "
+                                             "or none")
+    if not out:
+        raise argparse.ArgumentTypeError(f"{text!r}: use a comma list of positive integers and L, or none")
+    return out
 
 DESCRIPTION = """\
 Linear probes that decode the running sum s_t mod m, with controls, and interventions on the recurrent state.
@@ -47,15 +68,25 @@ source with the same s_t and another history; "subspace": only the probe's reado
 from the full source), block (-1 = every recurrent block at once), length, test_positions (band of the later
 answers), n, iia (answers equal to the counterfactual; for same_sum the base's own label), changed_frac (answers
 that differ from the unpatched ones), base_follow, unpatched_cf (chance floor of iia), model_acc, iia_correct.
+Windowed-sum probe rows (with --windows, after the others): analysis "probe", scope "length", control_target
+"window{k}" (k from --windows), the columns of the probe rows above for the same hook and bands, probe_acc the same
+s_t probe, and control_acc / selectivity / converged those of a probe of the sum of the last k numbers mod m (queries
+skipped; all of them while fewer than k): a hook that decodes a window better than s_t beyond L_train is what a
+windowed shortcut looks like. Rows whose control_target is the --control target (default "permuted") are the ones
+above, unchanged: filter on control_target.
+Intervention kind "subspace_random" (with --random-subspaces N > 0): the subspace interchange through N random
+subspaces of each probe subspace's rank (a fixed seed), pooled over the draws (n: the answers of one draw).
 Verdict rows: block, length, test_positions, hook / probe_train_positions / probe_acc / control_acc (best probe on
 the block's state), iia_full, same_sum_changed, iia_subspace, verdict ("decodable, used" needs the subspace
 interchange to move >= 0.5 of the answers and the same-sum source to change <= 0.02 of them; else "... state
 used, s_t not isolated" | "... used jointly" | "... not used").
-Controls (each with passed and kind: "control" for the control target and same_sum, "instrument" for
-shuffled_labels and identity_patch): control="<target>_target" (per train band, best hook at beyond positions:
-selectivity >= 0.2), "shuffled_labels" (best in-range hook, labels shuffled: acc < majority + 0.2),
-"identity_patch" (own state patched back in: nothing changes), "same_sum" (every recurrent block, per length:
-changed_frac <= 0.02)."""
+Controls (each with passed and kind: "control" for the control targets, same_sum and random_subspace,
+"instrument" for shuffled_labels and identity_patch): control="<target>_target" (per train band, best hook at beyond
+positions: selectivity >= 0.2; "window{k}_target" rows carry control_target "window{k}"), "shuffled_labels" (best
+in-range hook, labels shuffled: acc < majority + 0.2), "identity_patch" (own state patched back in: nothing
+changes), "same_sum" (every recurrent block, per length: changed_frac <= 0.02), "random_subspace" (every recurrent
+block, per length, all later answers: iia_subspace - iia_random >= 0.2; with changed_subspace, changed_random,
+draws)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--control", default="permuted", choices=CONTROL_TARGETS,
                         help="control target: permuted (sum of pi(x_i) mod m, default), history or bigram "
                              "(Hewitt & Liang types)")
+    parser.add_argument("--windows", type=window_list, default=list(WINDOWS), metavar="K,K,...",
+                        help="windowed-sum control targets: the sum of the last k numbers mod m, probed beside s_t "
+                             "for each k (L = the checkpoint's L_train; none = skip; default "
+                             + ",".join(map(str, WINDOWS)) + ")")
+    parser.add_argument("--random-subspaces", type=nonnegative_int, default=RANDOM_SUBSPACES, metavar="N",
+                        help="random subspaces of the same rank as each probe subspace, the baseline of the subspace "
+                             f"interchange (0 = skip; default {RANDOM_SUBSPACES})")
     parser.add_argument("--no-patching", action="store_true", help="skip the interventions")
     add_threads(parser)
     add_common_args(parser)
@@ -103,11 +141,18 @@ def main_body(args: argparse.Namespace) -> dict[str, Any]:
         res = run_probes(ckpt, device, lengths=args.lengths, hooks=args.hooks, n_train=args.n_train,
                          n_train_beyond=args.n_train_beyond, n_test=args.samples, n_patch=args.n_patch,
                          seed=args.seed, patching=not args.no_patching, control=args.control,
-                         progress=not args.json)
+                         windows=args.windows, random_subspaces=args.random_subspaces, progress=not args.json)
         results.append(res)
         say(args, f"\n{path}  (L_train={res.train_length}; positions t > L_train only; cells: probe trained in range / "
                   f"trained beyond (c = control target, trained beyond))")
         say(args, summary_table(res).to_string())
+        if not res.window_targets.empty:
+            wt = res.window_targets
+            wt = wt[(wt.test_positions == "beyond") & (wt.train_positions == "beyond")]
+            say(args, "windowed-sum control targets (trained and tested beyond L_train; s_t = the s_t probe):")
+            table = wt.assign(s_t=wt.probe_acc.round(2)).pivot_table(
+                index=["hook", "length", "s_t"], columns="control_target", values="control_acc", sort=False)
+            say(args, table.to_string(float_format="{:.2f}".format))
         if not res.interventions.empty:
             iv = res.interventions[res.interventions.test_positions != "all"]
             say(args, "interventions (block -1 = every recurrent block; test_positions = band of the later answers):")

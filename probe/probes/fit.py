@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -120,13 +120,15 @@ def resolve_hooks(model: HookedSequenceModel, specs: Sequence[str] | None) -> li
 @dataclass
 class Activations:
     """Features at state positions. ``features[hook]`` is ``(N, d)`` for each single hook; ``labels`` s_t;
-    ``control`` the control target; ``position`` the 1-based stream position; ``length`` the stream length."""
+    ``control`` the control target; ``position`` the 1-based stream position; ``length`` the stream length;
+    ``targets[name]`` further control targets (``targets.control_labels`` names, e.g. ``window3``)."""
 
     features: dict[str, np.ndarray]
     labels: np.ndarray
     control: np.ndarray
     position: np.ndarray
     length: np.ndarray
+    targets: dict[str, np.ndarray] = field(default_factory=dict)
 
     def x(self, hook: str) -> np.ndarray:
         """Features of a single or joined hook."""
@@ -135,24 +137,27 @@ class Activations:
 
     def select(self, mask: np.ndarray) -> Activations:
         return Activations({k: v[mask] for k, v in self.features.items()}, self.labels[mask], self.control[mask],
-                           self.position[mask], self.length[mask])
+                           self.position[mask], self.length[mask], {k: v[mask] for k, v in self.targets.items()})
 
     @staticmethod
     def concat(items: Sequence[Activations]) -> Activations:
         return Activations({k: np.concatenate([a.features[k] for a in items]) for k in items[0].features},
                            *(np.concatenate([getattr(a, f) for a in items])
-                             for f in ("labels", "control", "position", "length")))
+                             for f in ("labels", "control", "position", "length")),
+                           {k: np.concatenate([a.targets[k] for a in items]) for k in items[0].targets})
 
 
 @torch.no_grad()
 def collect_activations(model: HookedSequenceModel, task: TaskConfig, lengths: Iterable[int], n_per_length: int,
                         hooks: Sequence[str], seed: int, control: str = "permuted",
-                        control_seed: int = 0) -> Activations:
-    """Run ``n_per_length`` sequences of each length through ``model`` and keep the hooks at state positions."""
+                        control_seed: int = 0, targets: Sequence[str] = ()) -> Activations:
+    """Run ``n_per_length`` sequences of each length through ``model`` and keep the hooks at state positions;
+    ``targets``: further control targets to label them with (``targets.control_labels`` names)."""
     device = next(model.parameters()).device
     single = list(dict.fromkeys(p for h in hooks for p in parts(h)))
     feats: dict[str, list[np.ndarray]] = {h: [] for h in single}
     labels, ctrl_labels, position, length_col = [], [], [], []
+    extra: dict[str, list[np.ndarray]] = {name: [] for name in targets}
     for length in lengths:
         batch = task.sample(length, n_per_length, seed + length)
         state = batch.masks["state"]
@@ -163,13 +168,16 @@ def collect_activations(model: HookedSequenceModel, task: TaskConfig, lengths: I
             feats[h].append(cache[h][state.to(device)].flatten(1).float().cpu().numpy())  # q/k/v/z: heads joined
         labels.append(batch.sums[state].numpy())
         ctrl_labels.append(control_labels(batch.tokens, state, task.m, control_seed, control)[state].numpy())
+        for name, values in extra.items():
+            values.append(control_labels(batch.tokens, state, task.m, control_seed, name)[state].numpy())
         pos = torch.arange(1, batch.tokens.shape[1] + 1) - batch.prefix_len
         position.append(pos.expand_as(state)[state].numpy())
         length_col.append(np.full(int(state.sum()), length))
     if not labels:
         raise ProbeError(f"task {task.name} asks no state questions: nothing to probe")
     return Activations({h: np.concatenate(v) for h, v in feats.items()}, np.concatenate(labels),
-                       np.concatenate(ctrl_labels), np.concatenate(position), np.concatenate(length_col))
+                       np.concatenate(ctrl_labels), np.concatenate(position), np.concatenate(length_col),
+                       {name: np.concatenate(v) for name, v in extra.items()})
 
 
 def fit_probe(x: np.ndarray, y: np.ndarray, seed: int = 0, max_iter: int = MAX_ITER) -> Pipeline:

@@ -1,4 +1,5 @@
-"""Interventions on the recurrent state: whole-state interchange, same-sum control, probe-subspace interchange."""
+"""Interventions on the recurrent state: whole-state interchange, same-sum control, probe-subspace interchange and its
+random-subspace baseline."""
 
 from __future__ import annotations
 
@@ -24,10 +25,11 @@ PATCH_SEED_BASE = PATCHING
 PATCH_FRACTIONS = (0.25, 0.5, 0.75)
 """Patch positions, as fractions of the stream length: early, middle and late states."""
 
-KINDS = ("full", "same_sum", "subspace")
+KINDS = ("full", "same_sum", "subspace", "subspace_random")
 """``full``: the whole recurrent state (``fit.state_names``: the LSTM's (h, c)) of a source with another s_t.
 ``same_sum``: the whole state of a source with the *same* s_t and another history. ``subspace``: only the component
-of each state vector that the s_t probe on it reads, from the ``full`` source."""
+of each state vector that the s_t probe on it reads, from the ``full`` source. ``subspace_random`` (only with
+``random_draws``): the same interchange through random subspaces of the same rank, pooled over the draws."""
 
 States = dict[int, tuple[Tensor, ...]]
 """Per block, its recurrent state at one position: the cell's ``STATES`` in order (the LSTM's (h, c), the GRU's
@@ -39,6 +41,14 @@ IDENTITY_TOL = 1e-3
 SAME_SUM_MAX = 0.02
 """The same-sum control passes when at most this fraction of later answers change: a model whose recurrent state is
 s_t alone changes none (a state read off the unrolled path differs from the fused one by float error only)."""
+
+
+RANDOM_SUBSPACE_MARGIN = 0.2
+"""The random-subspace control passes when the probe's subspace moves at least this much more of the later answers to
+the counterfactual than random subspaces of the same rank do."""
+
+RANDOM_SUBSPACE_SALT = 0x5AB5
+"""Separates the random subspaces' stream from the patching pairs' (same base seed)."""
 
 
 @dataclass
@@ -147,6 +157,23 @@ def subspace_interchange(base: States, source: States, blocks: Sequence[int], ba
     return out
 
 
+def random_bases(bases: Mapping[str, np.ndarray], draws: int, seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """``draws`` sets of random orthonormal bases, each of the shape ``(d, r)`` of ``bases[hook]``: uniform random
+    r-dimensional subspaces of the same state vector (QR of a Gaussian matrix), fixed by ``seed``. The baseline of
+    the subspace interchange: swapping any r directions of a state moves some answers; the probe's directions must
+    move more."""
+    rng = np.random.default_rng([PATCH_SEED_BASE, seed, RANDOM_SUBSPACE_SALT])
+    out = []
+    for _ in range(draws):
+        drawn = {}
+        for hook in sorted(bases):
+            d, r = bases[hook].shape
+            q, _ = np.linalg.qr(rng.standard_normal((d, r)))
+            drawn[hook] = q
+        out.append(drawn)
+    return out
+
+
 @torch.no_grad()
 def patched_logits(model: HookedSequenceModel, tokens: Tensor, position: int, states: States) -> Tensor:
     """Logits of ``tokens`` with block i's recurrent state after ``position`` set to ``states[i]``; the recurrence
@@ -169,6 +196,7 @@ def _rows(states: States, rows: slice) -> States:
 def interchange_intervention(
     model: HookedSequenceModel, task: TaskConfig, lengths: Iterable[int], n: int = 48, seed: int = 0,
     fractions: Iterable[float] = PATCH_FRACTIONS, bases: dict[str, np.ndarray] | None = None,
+    random_draws: int = 0,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Interventions per kind, recurrent block (``block = -1``: every block at once), length and position band.
 
@@ -176,7 +204,8 @@ def interchange_intervention(
     (``fit.state_names``: ``blocks.{i}.lstm.hook_h`` or ``hook_c`` for the LSTM); ``subspace`` edits each targeted
     vector within its own basis (without any basis: no ``subspace`` rows). One joint probe on several redundant
     copies of s_t spreads its weight over them, so editing its readout moves each copy only part of the way: each
-    vector gets its own probe.
+    vector gets its own probe. ``random_draws`` > 0 adds ``subspace_random``: the same interchange through
+    ``random_bases`` of the same ranks, every draw on the same pairs, pooled (``n`` counts the answers of one draw).
 
     Returns ``(results, controls)``. A results row: ``kind, block, length, test_positions`` (band of the later
     answers: ``in`` = t <= L_train, ``beyond``, ``all``), ``n``, ``iia`` (patched answers equal to the
@@ -184,7 +213,9 @@ def interchange_intervention(
     from the unpatched ones), ``base_follow``, ``unpatched_cf`` (the chance floor of ``iia``), ``model_acc`` and
     ``iia_correct`` (``iia`` among the answers the unpatched model gets right). Controls: ``identity_patch`` (the
     base's own state patched back in changes nothing) and ``same_sum`` (all blocks, per length: passes when at most
-    ``SAME_SUM_MAX`` of the later answers change).
+    ``SAME_SUM_MAX`` of the later answers change); with ``random_draws``, ``random_subspace`` (all blocks, per
+    length: the probe's subspace moves at least ``RANDOM_SUBSPACE_MARGIN`` more of the later answers to the
+    counterfactual than the random subspaces).
     """
     blocks = lstm_blocks(model)
     if not blocks:
@@ -193,6 +224,9 @@ def interchange_intervention(
     device = next(model.parameters()).device
     targets: list[tuple[int, list[int]]] = [(i, [i]) for i in blocks] + ([(-1, blocks)] if len(blocks) > 1 else [])
     basis_t = {k: torch.as_tensor(v, dtype=torch.float32, device=device) for k, v in (bases or {}).items()}
+    random_t = [{k: torch.as_tensor(v, dtype=torch.float32, device=device) for k, v in drawn.items()}
+                for drawn in random_bases(bases or {}, random_draws if basis_t else 0, seed)]
+    repeats = {"subspace_random": max(len(random_t), 1)}  # draws pooled into one row per key
     tally: dict[tuple[str, int, int, str], dict[str, float]] = {}
     identity: dict[tuple[int, int], dict[str, float]] = {}
     L = task.train_length
@@ -227,6 +261,8 @@ def interchange_intervention(
                 if basis_t:
                     runs.append(("subspace", subspace_interchange(own, src, patched, basis_t, names),
                                  full.counterfactual))
+                runs += [("subspace_random", subspace_interchange(own, src, patched, drawn, names), full.counterfactual)
+                         for drawn in random_t]
                 # one forward for every kind: the kinds' edited states stacked along the batch
                 logits = patched_logits(model, base_tok.repeat(len(runs), 1), pos,
                                         _cat_states([r[1] for r in runs]))
@@ -248,7 +284,8 @@ def interchange_intervention(
     for (kind, block, length, band), r in tally.items():
         if r["n"] == 0:
             continue
-        results.append({"kind": kind, "block": block, "length": length, "test_positions": band, "n": int(r["n"]),
+        results.append({"kind": kind, "block": block, "length": length, "test_positions": band,
+                        "n": int(r["n"]) // repeats.get(kind, 1),
                         "iia": r["iia"] / r["n"], "changed_frac": r["changed"] / r["n"],
                         **{c: r[c] / r["n"] for c in ("base_follow", "unpatched_cf", "model_acc")},
                         "iia_correct": r["cf_right"] / r["model_acc"] if r["model_acc"] else float("nan")})
@@ -263,4 +300,13 @@ def interchange_intervention(
             frac = r["changed"] / r["n"]
             controls.append({"control": "same_sum", "length": length, "block": block, "n": int(r["n"]),
                              "changed_frac": frac, "passed": frac <= SAME_SUM_MAX})
+    for (kind, block, length, band), r in tally.items():
+        probe_run = tally.get(("subspace", block, length, band))
+        if kind == "subspace_random" and block == whole and band == "all" and r["n"] and probe_run:
+            iia, iia_random = probe_run["iia"] / probe_run["n"], r["iia"] / r["n"]
+            controls.append({"control": "random_subspace", "length": length, "block": block,
+                             "n": int(probe_run["n"]), "draws": len(random_t), "iia_subspace": iia,
+                             "iia_random": iia_random, "changed_subspace": probe_run["changed"] / probe_run["n"],
+                             "changed_random": r["changed"] / r["n"],
+                             "passed": iia - iia_random >= RANDOM_SUBSPACE_MARGIN})
     return pd.DataFrame(results), pd.DataFrame(controls)

@@ -1,6 +1,9 @@
-"""Probe targets: the running sum s_t, and control targets of the same shape that a state tracker does not compute."""
+"""Probe targets: the running sum s_t, control targets of the same shape that a state tracker does not compute, and
+windowed sums that a shortcut-taking model could compute instead."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -9,7 +12,19 @@ from probe.errors import ProbeError
 
 CONTROL_TARGETS = ("permuted", "history", "bigram")
 """``permuted`` (default): c_t = sum of pi(x_i) mod m for a fixed random non-affine pi. ``history`` and ``bigram``:
-Hewitt & Liang type controls (a random label per number history, or per (previous, current) number)."""
+Hewitt & Liang type controls (a random label per number history, or per (previous, current) number). Windowed
+sums (``window{k}``, ``windowed_sum``) are accepted by ``control_labels`` as well."""
+
+WINDOW = "window"
+"""``window{k}`` names the control target w_t^k = sum of the last k numbers mod m."""
+
+WINDOWS: tuple[int | str, ...] = (3, 10, "L")
+"""Default windows k of the windowed-sum control targets; ``"L"`` is the checkpoint's L_train. k = 3 and 10 are the
+spans of the shortcut analysis's sum-preserving test: sums that attention over a few recent positions can compute.
+k = L_train is the shortcut training cannot tell from s_t: in the training range it equals s_t exactly, so a model
+that learned it is exact there and wrong beyond. k = 1 is left out on purpose: it is the current number, which every
+hook downstream of the embedding carries whatever the model computes, so decoding it says nothing about a shortcut
+(for k >= 2 the mod-m sum is not linear in the inputs: a linear probe decodes it only where the model computed it)."""
 
 
 def is_affine(f: np.ndarray, m: int) -> bool:
@@ -50,6 +65,41 @@ def permuted_sum(tokens: torch.Tensor, state: torch.Tensor, m: int, seed: int = 
     return torch.where(state, mapped.cumsum(dim=1) % m, -1)
 
 
+def window_size(name: str) -> int | None:
+    """k of a ``window{k}`` target name (k >= 1), or None for any other name."""
+    if not name.startswith(WINDOW) or not name[len(WINDOW):].isdigit():
+        return None
+    k = int(name[len(WINDOW):])
+    return k if k >= 1 else None
+
+
+def resolve_windows(windows: Sequence[int | str], train_length: int) -> list[str]:
+    """Target names of ``windows`` (ints, or ``"L"`` for L_train), sorted by k, without repeats."""
+    ks = set()
+    for w in windows:
+        k = train_length if w == "L" else w
+        if isinstance(k, str) and k.isdigit():
+            k = int(k)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ProbeError(f"window {w!r}: use a positive integer or L (the training length)")
+        ks.add(k)
+    return [f"{WINDOW}{k}" for k in sorted(ks)]
+
+
+def windowed_sum(tokens: torch.Tensor, state: torch.Tensor, m: int, k: int) -> torch.Tensor:
+    """w_t = (sum of the last k numbers up to and including x_t) mod m -- all of them while fewer than k have come --
+    over the numbers so far (queries skipped, as s_t skips them); ``-1`` off state positions."""
+    x = torch.where(state, tokens.clamp(0, m - 1), 0)
+    total = x.cumsum(dim=1)
+    count = state.long().cumsum(dim=1)  # numbers so far
+    # first[b, j] = sum of the first j numbers. Off state positions count and total repeat the last number's values,
+    # so scattering every position writes each slot with one value only.
+    first = torch.zeros(x.shape[0], x.shape[1] + 1, dtype=total.dtype)
+    first.scatter_(1, count, total)
+    dropped = first.gather(1, (count - k).clamp(min=0))
+    return torch.where(state, (total - dropped) % m, -1)
+
+
 def _typed_labels(tokens: torch.Tensor, state: torch.Tensor, m: int, seed: int, control: str) -> torch.Tensor:
     x = tokens.clamp(0, m - 1).numpy().astype(np.uint64)
     st = state.numpy()
@@ -79,10 +129,14 @@ def control_labels(tokens: torch.Tensor, state: torch.Tensor, m: int, seed: int 
     a probe decodes it only from a model that computes it; beyond the first few positions it is independent of
     s_t. ``history``: a random label per number history x_1..x_t (Hewitt & Liang's word types; beyond ~3 numbers
     every history is new, so it is at chance there whatever the model). ``bigram``: a random label per (previous
-    number, current number).
+    number, current number). ``window{k}``: ``windowed_sum`` of the last k numbers.
     """
+    k = window_size(control)
+    if k is not None:
+        return windowed_sum(tokens, state, m, k)
     if control not in CONTROL_TARGETS:
-        raise ProbeError(f"unknown control target {control!r}; choose one of {', '.join(CONTROL_TARGETS)}")
+        raise ProbeError(f"unknown control target {control!r}; choose one of {', '.join(CONTROL_TARGETS)} "
+                         f"or {WINDOW}K (K >= 1)")
     if control == "permuted":
         return permuted_sum(tokens, state, m, seed)
     return _typed_labels(tokens, state, m, seed, control)
