@@ -547,7 +547,8 @@ def probes_controls(root: Path) -> str:
         where = "; ".join(_probe_control_where(c) for c in failed) or "—"
         out.append([kind, f"`{name}`", f"{len(cs) - len(failed)} of {len(cs)}", _probe_control_range(name, cs),
                     where])
-    fits = [r for r in data["results"] if r["analysis"] == "probe" and r["scope"] == "length"]
+    fits = [r for r in data["results"] if r["analysis"] == "probe" and r["scope"] == "length"
+            and r.get("control_target", "permuted") == "permuted"]
     unconverged = sum(not r["converged"] for r in fits)
     return (_table(["kind", "row", "passed", "values", "failed on"], out)
             + f"\n\nProbe rows whose fits did not all converge: {unconverged} of {len(fits)}.")
@@ -556,8 +557,10 @@ def probes_controls(root: Path) -> str:
 def _probe_control_where(c: dict) -> str:
     if c["control"] == "same_sum":
         return f"{c['label']} L {c['length']} (changed {c['changed_frac']:.3f})"
-    if c["control"] == "permuted_target":
+    if c["control"] == "permuted_target" or c["control"].startswith("window"):
         return f"{c['label']} `{c['hook']}` trained {c['train_positions']} (selectivity {c['selectivity']:.2f})"
+    if c["control"] == "random_subspace":
+        return f"{c['label']} L {c['length']} (IIA {c['iia_subspace']:.2f} vs random {c['iia_random']:.2f})"
     return f"{c['label']}"
 
 
@@ -565,9 +568,13 @@ def _probe_control_range(name: str, cs: list[dict]) -> str:
     if name == "same_sum":
         v = [c["changed_frac"] for c in cs]
         return f"answers changed {min(v):.3f}-{max(v):.3f}"
-    if name == "permuted_target":
+    if name == "permuted_target" or name.startswith("window"):
         v = [c["selectivity"] for c in cs]
         return f"selectivity {min(v):.2f}-{max(v):.2f}"
+    if name == "random_subspace":
+        return (f"IIA, probe subspace {min(c['iia_subspace'] for c in cs):.2f}-"
+                f"{max(c['iia_subspace'] for c in cs):.2f}, random {min(c['iia_random'] for c in cs):.2f}-"
+                f"{max(c['iia_random'] for c in cs):.2f}")
     if name == "shuffled_labels":
         return (f"accuracy {min(c['acc'] for c in cs):.2f}-{max(c['acc'] for c in cs):.2f} "
                 f"(majority {min(c['majority_acc'] for c in cs):.2f}-{max(c['majority_acc'] for c in cs):.2f})")
