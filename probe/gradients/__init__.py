@@ -1,6 +1,7 @@
 """Attention-gradient interference on the recurrent weights: the g_att / g_rec split, the lookahead and checks.
 
-Modules: ``decomposition`` (the split), ``lookahead`` (what a step along each part does), ``controls`` (checks a
+Modules: ``decomposition`` (the split), ``beyond`` (the lookahead: what a step along each part does beyond the
+training range), ``lookahead`` (its first-order predecessor, AdamW moments, training batches), ``controls`` (checks a
 broken method fails), ``analysis`` (checkpoints and trajectories), ``plots``, ``cli`` (``python -m probe.gradients``).
 Names are imported on first use, so that the CLI's ``--help`` answers at once.
 """
@@ -11,6 +12,7 @@ _EXPORTS = {
     **dict.fromkeys(["DEFAULT_FACTORS", "GradientReport", "analyze", "analyze_checkpoint", "check_family"],
                     "analysis"),
     "main": "cli",
+    **dict.fromkeys(["measure_beyond_range", "update_size", "verdict_beyond"], "beyond"),
     **dict.fromkeys(["builtin_controls", "known_split_case", "known_split_error", "route_disagreement"], "controls"),
     **dict.fromkeys(["Decomposition", "attention_inputs_detached", "attention_output_detached",
                      "attention_stream_detached", "cosine", "decompose", "interference", "lstm_parameters",

@@ -18,15 +18,16 @@ from probe.core.meta import checkpoint_meta, schedule_gate
 from probe.core.progress import note, progress_iter
 from probe.core.rows import threshold_row
 from probe.errors import ProbeError
-from probe.gradients.controls import (
-    ROUTE_TOL,
-    builtin_controls,
-    first_order_control,
-    loss_split_control,
-    route_disagreement,
+from probe.gradients.beyond import (
+    first_order_check,
+    measure_beyond_range,
+    positions_check,
+    random_baseline_control,
+    verdict_beyond,
 )
+from probe.gradients.controls import ROUTE_TOL, builtin_controls, loss_split_control, route_disagreement
 from probe.gradients.decomposition import interference
-from probe.gradients.lookahead import LookaheadConfig, adam_moments, measure_lookahead, verdict
+from probe.gradients.lookahead import LookaheadConfig, adam_moments
 from probe.memory import check_lengths
 from probe.models import ModelConfig
 
@@ -107,10 +108,15 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
         if lookahead_cfg is not None:
             note(f"{meta['checkpoint']}: lookahead (step {ckpt.step})", progress)
             moments = adam_moments(ckpt, model)
-            la = measure_lookahead(model, task, moments, lookahead_cfg, seed, device, progress=progress)
+            lr = ckpt.train_config.get("lr")
+            la, checks = measure_beyond_range(model, task, moments, lookahead_cfg, seed, device,
+                                              train_lr=float(lr) if lr else None)
             la = la.assign(**meta_g)
-            controls.append(first_order_control(meta["checkpoint"], la))
-            verdicts = pd.DataFrame([{**meta_g, **verdict(la, task.train_length)}])
+            v = verdict_beyond(la)
+            controls += [first_order_check(meta["checkpoint"], checks["first_order_error"]),
+                         positions_check(meta["checkpoint"], la, checks["starts"]),
+                         random_baseline_control(meta["checkpoint"], v)]
+            verdicts = pd.DataFrame([{**meta_g, **v}])
     return GradientReport(table, la, verdicts, controls)
 
 

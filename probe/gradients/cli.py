@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,13 +27,13 @@ from probe.cli import write_outputs as save_outputs
 if TYPE_CHECKING:
     from probe.gradients.analysis import GradientReport
 
-LOOKAHEAD_BATCHES, LOOKAHEAD_EVAL_BATCHES, LOOKAHEAD_STEP = 24, 4, 1e-6
+LOOKAHEAD_BATCHES, LOOKAHEAD_EVAL_BATCHES, LOOKAHEAD_STEP = 24, 8, 1e-6
 """``LookaheadConfig``'s defaults, repeated here so that ``--help`` needs no import of the models (a test checks
 that they agree)."""
 
 DESCRIPTION = """\
 Attention-gradient interference on the recurrent weights: how much of their gradient arrives through attention, and
-what a small step along that part would do to the state loss at the training length and at 3x.
+what a step along that part, up to a real AdamW update, does to the state loss beyond the training range.
 
 Usage: python -m probe.gradients ckpt.pt (one checkpoint), python -m probe.gradients DIR [DIR ...] (trajectory or
 run directories: curves over training), or a glob. g = dL/dtheta for the recurrent weights theta (each block's
@@ -47,20 +48,31 @@ JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "
     "length": block, g_norm, g_rec_norm, g_att_norm, att_ratio (=|g_att|/|g|), cos_att_rec, cos_att_rec_state,
     cos_att_state_rec_state, cos_att_recall_rec_state, g_att_state_norm, g_att_recall_norm, loss_split_residual,
     loss, loss_state, loss_recall, n_state, n_recall. Cosines are null where a vector is 0.
-  analysis "lookahead" (per checkpoint, part and target): part (att | rec | full: the step is -eta * d_part, d_part
-    the training-loss gradient part averaged over n_batches batches drawn as the trainer draws them, AdamW-
-    preconditioned when preconditioned is true), loss (train: the training loss on held-out training batches |
-    state: the state-subtask loss), length (the evaluation length; null for train), moments (trajectory |
-    optimizer | none), eta, rel_step (|eta d_full| / |theta|), dL_first (first-order change -eta <grad, d_part>),
-    dL_se (its standard error: dL_se_batches over direction batches and dL_se_eval over evaluation batches, in
-    quadrature), z (= dL_first / dL_se), dL_measured (the change after the real step, float64), first_order_error,
-    loss_before, n_batches, n_eval_sequences.
-  analysis "lookahead_verdict" (per checkpoint): verdict (supports | lowers | no effect detected | neither |
-    no attention path), detail, dL_state_3x_att, z_state_3x_att, dL_train_att, z_train_att. "supports": the
-    attention-path step raises the 3x state loss (z > 2) and lowers the training loss (z < -2); "lowers": it
-    lowers the 3x state loss (z < -2); "no effect detected": |z| <= 2 (absence of evidence, not a refutation).
-controls rows: checkpoint, control, kind (instrument: every row here checks the method), value, threshold, passed,
-what (what failure it reveals)."""
+  analysis "lookahead" (per checkpoint, direction, target and step size): part (att | rec | full: the
+    normalised, AdamW-preconditioned (when preconditioned is true) training-loss gradient part averaged over
+    n_batches batches drawn as the trainer draws them | random: n_random random directions shaped by the same
+    preconditioner, averaged), loss (train | state), positions (train: "<=L", held-out training batches; state:
+    ">L" or ">2L", the state answers at stream positions t > L or t > 2L of fixed sequences of length "length" =
+    3 L), step_scale (0: first order; else the step length as a multiple of update_norm), step_length, update_norm
+    (the optimizer's update size |lr m_hat / (sqrt(v_hat) + eps)| on theta), update_source (how it was obtained:
+    "adam m and v" | "adam v, m = mean gradient" | "no moments: lr sqrt(n)" | "no moments or lr: 1e-2 |theta|"),
+    rel_update (update_norm / |theta|), effect (change of the loss per unit of step length after the real step
+    -step_length * d/|d|, float64; first-order at scale 0), effect_se (paired standard error over the n_eval_batches
+    evaluation batches; random: with the spread over draws in quadrature), z, dL (= effect * step_length),
+    vs_random, vs_random_se, vs_random_z (effect minus the random directions' on the same batches), vs_rec,
+    vs_rec_se, vs_rec_z (att rows: attention's effect minus the rest's, same batches), direction_norm,
+    loss_before, min_position (the first stream position the target uses), moments, preconditioned, n_batches,
+    n_random, n_eval_sequences.
+  analysis "lookahead_verdict" (per checkpoint, at step_scale verdict_scale = 1, a real update): verdict (supports
+    | lowers | no effect detected | neither | no attention path), detail, baseline (more harmful than random |
+    less harmful than random | no difference from random detected), baseline_train (more useful | less useful |
+    no difference ...), effect_beyond_L_att, z_beyond_L_att, z_beyond_2L_att, effect_train_att, z_train_att,
+    z_vs_random_beyond_L, z_vs_random_train, z_att_vs_rec_beyond_L. "supports": the attention-path step raises
+    the state loss beyond L (z > 2) and lowers the training loss (z < -2); "lowers": z < -2 beyond L; "no effect
+    detected": |z| <= 2 (absence of evidence, not a refutation).
+controls rows: checkpoint, control, kind (instrument: the method computes what it says | control: lookahead_vs_random,
+the verdict's claim against random directions of equal length), value, threshold, passed, what (what failure it
+reveals)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,10 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"training-distribution batches averaged into each step direction "
                              f"(default {LOOKAHEAD_BATCHES})")
     parser.add_argument("--la-eval-batches", type=positive_int, default=LOOKAHEAD_EVAL_BATCHES,
-                        help=f"batches per evaluation length, and of held-out training batches "
+                        help=f"evaluation batches beyond the training range, and of held-out training batches "
                              f"(default {LOOKAHEAD_EVAL_BATCHES})")
     parser.add_argument("--la-step", type=positive_float, default=LOOKAHEAD_STEP,
-                        help=f"size of the lookahead step, |eta d_full| / |theta| (default {LOOKAHEAD_STEP:g})")
+                        help=f"size of the tiny step that checks the first-order prediction, / |theta| "
+                             f"(default {LOOKAHEAD_STEP:g})")
     add_threads_and_gate_args(parser)
     add_common_args(parser)
     return parser
@@ -121,24 +134,28 @@ def format_report(report: GradientReport) -> str:
             lines.append("  lstm model: no attention sublayer, so g_att = 0 and g = g_rec by construction")
     la = report.lookahead
     if not la.empty:
-        lines.append("\nlookahead: first-order change of each loss after a step -eta * d_part (measured: after the "
-                     "real step); +- = standard error")
+        lines.append("\nlookahead: change of each loss per unit of step length after a step along -d (d normalised); "
+                     "+- = paired standard error; vs random = minus random directions' effect (z); step sizes x0 "
+                     "(first order) and the largest (x1: a real update)")
         for ckpt, df in la.groupby("checkpoint", sort=False):
             pre = df.moments.iloc[0]
             lines.append(f"{ckpt}  step {df.step.iloc[0]}, gate {df.gate.iloc[0]:g}, "
                          f"{'AdamW-preconditioned (' + pre + ' moments)' if pre != 'none' else 'raw gradient'}, "
-                         f"eta {df.eta.iloc[0]:.3g}")
-            for _, r in df.iterrows():
-                target = "train loss    " if r["loss"] == "train" else f"state L {int(r['length']):<5d} "
-                lines.append(f"  {r.part:<4} {target} {r.dL_first:+.3e} +- {r.dL_se:.1e}  (z {r.z:+.1f})  "
-                             f"measured {r.dL_measured:+.3e}")
+                         f"update {df.update_norm.iloc[0]:.3g} ({df.update_source.iloc[0]})")
+            shown = df[df.step_scale.isin([0.0, df.step_scale.max()])]  # every step size is in the JSON
+            for _, r in shown.iterrows():
+                vs = "" if r.part == "random" else f"  vs random z {r.vs_random_z:+.1f}"
+                lines.append(f"  x{r.step_scale:<5g} {r.part:<6} {r['loss']:<5} t {r.positions:<4} "
+                             f"{r.effect:+.3e} +- {r.effect_se:.1e}  (z {r.z:+.1f}){vs}")
         for _, v in report.verdicts.iterrows():
-            lines.append(f"verdict {v.checkpoint}: {v.verdict} ({v.detail})")
+            lines.append(f"verdict {v.checkpoint}: {v.verdict}; {v.baseline} ({v.detail})")
     lines.append("\ncontrols (worst value over checkpoints; every row is in the JSON):")
     ctl = pd.DataFrame(report.controls)
     for name, g in ctl.groupby("control", sort=False):
-        worst = g.loc[g.value.idxmax()]
-        lines.append(f"  {'ok  ' if g.passed.all() else 'FAIL'} {name:<22} {worst.value:.3g} (<= {worst.threshold:g})"
+        worst = g.loc[g.value.fillna(-math.inf).idxmax()]
+        # a control passes when its z clears the threshold in the claimed direction, an instrument when it stays below
+        rule = f"|z| > {worst.threshold:g} if claimed" if worst.get("kind") == "control" else f"<= {worst.threshold:g}"
+        lines.append(f"  {'ok  ' if g.passed.all() else 'FAIL'} {name:<22} {worst.value:.3g} ({rule})"
                      f"  {int(g.passed.sum())}/{len(g)} passed  {worst.what}")
     return "\n".join(lines)
 

@@ -1,4 +1,4 @@
-"""First-order lookahead: what a small step along g_att, g_rec or g of the training loss does to the state loss.
+"""First-order lookahead over every state answer (kept for notebook 03's record; the CLI runs ``beyond``).
 
 For the recurrent weights theta (each block's cell, ``lstm_parameters``), ``d_part`` is the descent direction of the
 *training* loss part (part in att, rec, full), averaged over batches drawn as the trainer draws them (length uniform
@@ -66,6 +66,9 @@ class Moments:
     beta2: float
     eps: float
     source: str  # "trajectory" (ckpt.extra["lstm_adam"]) or "optimizer" (ckpt.optimizer_state)
+    m: Tensor | None = None  # first moments: only a full optimizer state holds them
+    beta1: float = 0.9
+    lr: float | None = None  # the learning rate of the last update, when stored
 
     def precondition(self, g: Tensor) -> Tensor:
         return g / ((self.v / (1 - self.beta2 ** self.step)).sqrt() + self.eps)
@@ -80,7 +83,8 @@ def adam_moments(ckpt: Checkpoint, model: HookedSequenceModel) -> Moments | None
     adam = ckpt.extra.get("lstm_adam") or {}
     if adam.get("exp_avg_sq") and all(n in adam["exp_avg_sq"] for n in names):
         v = torch.cat([adam["exp_avg_sq"][n].float().reshape(shapes[n].shape).flatten() for n in names])
-        return Moments(v, int(adam["step"]), float(adam["beta2"]), float(adam["eps"]), "trajectory")
+        return Moments(v, int(adam["step"]), float(adam["beta2"]), float(adam["eps"]), "trajectory",
+                       beta1=float(adam.get("beta1", 0.9)), lr=float(adam["lr"]) if "lr" in adam else None)
     opt = ckpt.optimizer_state
     if not opt or not opt.get("state"):
         return None
@@ -94,20 +98,26 @@ def adam_moments(ckpt: Checkpoint, model: HookedSequenceModel) -> Moments | None
     if any(s is None or "exp_avg_sq" not in s for s in states):
         return None
     group = group_of[by_name[names[0]]]
+    m = torch.cat([s["exp_avg"].float().flatten() for s in states]) if all("exp_avg" in s for s in states) else None
     return Moments(torch.cat([s["exp_avg_sq"].float().flatten() for s in states]), int(max(float(s["step"])
-                   for s in states)), float(group["betas"][1]), float(group["eps"]), "optimizer")
+                   for s in states)), float(group["betas"][1]), float(group["eps"]), "optimizer", m=m,
+                   beta1=float(group["betas"][0]), lr=float(group["lr"]) if "lr" in group else None)
 
 
 @dataclass(frozen=True)
 class LookaheadConfig:
-    """Sizes of the lookahead. Defaults keep one checkpoint near 20 s on one CPU thread."""
+    """Sizes of the lookahead (``beyond.measure_beyond_range``; the first-order ``measure_lookahead`` reads the
+    first six)."""
 
     n_batches: int = 24          # training-distribution batches whose gradients are averaged into d_part
     batch_size: int = 64
-    eval_batches: int = 4        # batches per evaluation length for the state-loss targets
-    train_eval_batches: int = 4  # held-out training-distribution batches for the training-loss target
-    rel_step: float = 1e-6       # |eta * d_full| / |theta|
-    lengths: tuple[int, ...] | None = None  # evaluation lengths (default L_train and 3 L_train)
+    eval_batches: int = 8        # evaluation batches for the state-loss targets
+    train_eval_batches: int = 8  # held-out training-distribution batches for the training-loss target
+    rel_step: float = 1e-6       # first-order check step (first-order lookahead: the step), / |theta|
+    lengths: tuple[int, ...] | None = None  # first-order lookahead's evaluation lengths (default L and 3 L)
+    scales: tuple[float, ...] = (0.01, 0.1, 0.3, 1.0)  # step lengths, x the optimizer's update size
+    n_random: int = 4            # random directions (fixed seed) in the baseline
+    factor: int = 3              # evaluation sequences are factor x L long
 
 
 @dataclass
@@ -227,7 +237,12 @@ def measure_lookahead(model: HookedSequenceModel, task: TaskConfig, moments: Mom
 
 
 def verdict(rows: pd.DataFrame, train_length: int) -> dict[str, Any]:
-    """Does a step along -g_att raise the 3x state loss while lowering the training loss? One flat row."""
+    """Does a step along -g_att raise the 3x state loss while lowering the training loss? One flat row. Rows with a
+    ``positions`` column (the beyond-range lookahead) get ``beyond.verdict_beyond``'s rule."""
+    if "positions" in rows.columns:
+        from probe.gradients.beyond import verdict_beyond
+
+        return verdict_beyond(rows)
     def row(loss: str, length: int | None) -> pd.Series | None:
         sel = rows[(rows.part == "att") & (rows.loss == loss)]
         sel = sel[sel.length.isna()] if length is None else sel[sel.length == length]

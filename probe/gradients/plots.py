@@ -69,6 +69,8 @@ def plot_lookahead(table: pd.DataFrame) -> Figure:
     not the change itself, because the step size follows |g| and so differs between checkpoints."""
     import matplotlib.pyplot as plt
 
+    if "positions" in table.columns:
+        return _plot_beyond(table)
     _sns()
     df = table.reset_index(drop=True)
     df = df.assign(target=[("training loss (lengths 1..L_train)" if loss == "train" else f"state loss, L {int(n)}")
@@ -99,6 +101,45 @@ def plot_lookahead(table: pd.DataFrame) -> Figure:
                 ax.legend(fontsize=8)
     fig.suptitle("Lookahead: the sign of each loss's change after a small step along each gradient part "
                  "(grey band: |z| < 2)")
+    fig.tight_layout()
+    return fig
+
+
+def _plot_beyond(table: pd.DataFrame, scale: float = 1.0) -> Figure:
+    """The beyond-range lookahead over training: z of each direction's effect per unit of step length at
+    ``step_scale`` ``scale`` (1: a real update), one row per run, one column per target (training loss, state loss
+    beyond L, beyond 2L); dotted: the random directions."""
+    import matplotlib.pyplot as plt
+
+    _sns()
+    df = table[table.step_scale == scale].reset_index(drop=True)
+    df = df.assign(z=df.z.where(df.direction_norm != 0, 0.0))  # a part that is exactly 0 (gate 0) changes nothing
+    targets = [p for p in ("<=L", ">L", ">2L") if p in set(df.positions)]
+    runs = list(dict.fromkeys(df.run))
+    fig, axes = plt.subplots(len(runs), len(targets), figsize=(5.0 * len(targets), 3.4 * len(runs)), squeeze=False,
+                             sharey=True)
+    styles = {"att": ("C3", "-"), "rec": ("C0", "-"), "full": ("0.3", "-"), "random": ("0.5", ":")}
+    for i, run in enumerate(runs):
+        for j, positions in enumerate(targets):
+            ax = axes[i, j]
+            sub = df[(df.run == run) & (df.positions == positions)]
+            ax.axhspan(-2, 2, color="0.85", lw=0)
+            for part, (color, ls) in styles.items():
+                p = sub[sub.part == part].sort_values("step")
+                ax.plot(p.step, p.z, color=color, ls=ls, marker="o", ms=3, lw=1.2,
+                        label="random directions" if part == "random" else
+                        f"step along -g_{part}" if part != "full" else "step along -g")
+            ax.axhline(0.0, color="0.3", lw=0.8)
+            ax.set_yscale("symlog", linthresh=2.0)
+            _switch_lines(ax, sub)
+            name = "training loss" if positions == "<=L" else f"state loss, t {positions}"
+            ax.set_title(f"{'/'.join(str(run).split('/')[-2:])}: {name}", fontsize=9)
+            ax.set_xlabel("training step")
+            ax.set_ylabel("z = effect per unit step / SE")
+            if i == 0 and j == 0:
+                ax.legend(fontsize=8)
+    fig.suptitle(f"Lookahead: each loss's change after a step of {scale:g} x the optimizer's update along each "
+                 "direction (grey band: |z| < 2)")
     fig.tight_layout()
     return fig
 
