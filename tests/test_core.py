@@ -105,7 +105,11 @@ def test_lengths_grammar_and_multiples():
     assert parse_lengths("25,75") == [25, 75]
     assert parse_lengths("1:4") == [1, 2, 3, 4]
     assert parse_lengths("1:400:100") == [1, 101, 201, 301]
-    for bad in ("", "0", "5:1", "1:10:0", "a,b", "1:2:3:4", "-3"):
+    # every length to 4x, then every 25 to 16x: ranges and single lengths mix, overlaps count once, sorted
+    sixteen = parse_lengths("1:100,125:400:25")
+    assert sixteen[:100] == list(range(1, 101)) and sixteen[100:] == list(range(125, 401, 25))
+    assert parse_lengths("75,25,1:3,25") == [1, 2, 3, 25, 75]
+    for bad in ("", "0", "5:1", "1:10:0", "a,b", "1:2:3:4", "-3", "1:100,0", "1:5,9:3"):
         with pytest.raises(ProbeError):
             parse_lengths(bad)
 

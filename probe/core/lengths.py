@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 from probe.errors import ProbeError
 
-GRAMMAR = "a comma list (25,75), an inclusive range START:STOP (1:100) or START:STOP:STEP (1:400:25)"
+GRAMMAR = ("a comma list (25,75) of lengths and inclusive ranges START:STOP (1:100) or START:STOP:STEP "
+           "(1:400:25), e.g. 1:100,125:400:25")
 
 
 def multiples(train_length: int, factors: Sequence[int] = (1, 2, 3, 4)) -> list[int]:
@@ -20,23 +21,29 @@ def up_to(train_length: int, factor: int = 4) -> list[int]:
 
 
 def parse_lengths(spec: str, flag: str = "--lengths") -> list[int]:
-    """``"25,75"``, ``"1:100"`` (inclusive) or ``"1:400:25"`` as a list of positive lengths."""
+    """``"25,75"``, ``"1:100"`` (inclusive), ``"1:400:25"``, or a comma list of any of these (``"1:100,125:400:25"``:
+    every length to 4x, then every 25 to 16x) as a sorted list of distinct positive lengths."""
     usage = f"use {GRAMMAR}"
     if not spec.strip():
         raise ProbeError(f"empty {flag}: {usage}")
-    try:
-        if ":" in spec:
-            parts = [int(p) for p in spec.split(":")]
-            if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] < 1):
-                raise ValueError
-            start, stop, step = parts[0], parts[1], parts[2] if len(parts) == 3 else 1
-            out = list(range(start, stop + 1, step))
-            if not out:
-                raise ProbeError(f"bad {flag} {spec!r}: an empty range (START is after STOP)")
-        else:
-            out = [int(p) for p in spec.split(",") if p.strip()]
-    except ValueError:
-        raise ProbeError(f"bad {flag} {spec!r}: {usage}") from None
+    out: set[int] = set()
+    for item in (p.strip() for p in spec.split(",")):
+        if not item:
+            continue
+        try:
+            if ":" in item:
+                parts = [int(p) for p in item.split(":")]
+                if len(parts) not in (2, 3) or (len(parts) == 3 and parts[2] < 1):
+                    raise ValueError
+                start, stop, step = parts[0], parts[1], parts[2] if len(parts) == 3 else 1
+                values = range(start, stop + 1, step)
+                if not values:
+                    raise ProbeError(f"bad {flag} {spec!r}: an empty range {item} (START is after STOP)")
+                out.update(values)
+            else:
+                out.add(int(item))
+        except ValueError:
+            raise ProbeError(f"bad {flag} {spec!r}: {usage}") from None
     if not out or min(out) < 1:
         raise ProbeError(f"bad {flag} {spec!r}: lengths must be positive integers")
-    return out
+    return sorted(out)
