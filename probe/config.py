@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,3 +270,12 @@ def override_configs(model_cfg: ModelConfig, task_cfg: TaskConfig, train_cfg: Tr
     task_new = task_from_dict(sections["task"])
     model_new = ModelConfig.from_dict(sections["model"])
     return model_new, task_new, TrainConfig(schedule=schedule, **sections["train"])
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """The learning-rate schedule: linear warm-up, then cosine decay to ``min_lr_ratio * lr``. It lives beside the
+    config so that an analysis can ask what the optimizer's step size was at a checkpoint without the trainer."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -24,6 +23,7 @@ from probe.config import (  # noqa: F401  (re-exported: sweeps, analyses, script
     PRESETS,
     TrainConfig,
     build_configs,
+    lr_at,
     override_configs,
 )
 from probe.errors import ProbeError
@@ -31,14 +31,6 @@ from probe.evaluate import accuracy_at_length
 from probe.models import HookedSequenceModel, ModelConfig
 from probe.schedules import Schedule, ScheduleConfig  # noqa: F401  (re-exported)
 from probe.tasks import IGNORE_INDEX, Batch, TaskConfig
-
-
-def lr_at(cfg: TrainConfig, step: int) -> float:
-    """Linear warm-up, then cosine decay to ``min_lr_ratio * lr``."""
-    if step < cfg.warmup:
-        return cfg.lr * (step + 1) / cfg.warmup
-    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
 def train_batch_seed(seed: int, step: int) -> int:

@@ -108,9 +108,8 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
         if lookahead_cfg is not None:
             note(f"{meta['checkpoint']}: lookahead (step {ckpt.step})", progress)
             moments = adam_moments(ckpt, model)
-            lr = ckpt.train_config.get("lr")
             la, checks = measure_beyond_range(model, task, moments, lookahead_cfg, seed, device,
-                                              train_lr=float(lr) if lr else None)
+                                              train_lr=_lr_at_checkpoint(ckpt))
             la = la.assign(**meta_g)
             v = verdict_beyond(la)
             controls += [first_order_check(meta["checkpoint"], checks["first_order_error"]),
@@ -141,3 +140,14 @@ def analyze(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, b
         controls=[c for r in reports for c in r.controls] + builtin_controls(),
     )
 
+
+def _lr_at_checkpoint(ckpt: Any) -> float | None:
+    """The learning rate the run's schedule had at the checkpoint's step (the size of the optimizer's next step),
+    or None when the checkpoint does not record a trainer config."""
+    from probe.config import TrainConfig, lr_at
+
+    try:
+        return lr_at(TrainConfig.from_dict(ckpt.train_config), int(ckpt.step or 0))
+    except (ProbeError, TypeError, KeyError, ValueError):
+        lr = ckpt.train_config.get("lr")
+        return float(lr) if lr else None

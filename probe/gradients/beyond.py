@@ -125,7 +125,8 @@ def update_size(moments: _la.Moments | None, d_full: Tensor, theta_norm: float, 
     """U = |lr * m_hat / (sqrt(v_hat) + eps)|, the next AdamW update's size on theta (weight decay left out), and
     where it came from. Trajectory snapshots hold v but not m: m_hat is then the mean full gradient, so U = lr
     |d_full|. Without moments, an Adam step whose every coordinate moves by lr (its first step, and a bound later):
-    lr sqrt(n), lr the run's configured peak. Without a learning rate either: 1e-2 |theta|."""
+    lr sqrt(n), lr the run's scheduled learning rate at the checkpoint's step. Without a learning rate either:
+    1e-2 |theta|."""
     if moments is not None and moments.lr is not None:
         if moments.m is not None:
             m_hat = moments.m.to(d_full) / (1 - moments.beta1 ** moments.step)
