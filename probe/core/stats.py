@@ -147,31 +147,31 @@ def sign_flip_p_min(n_pairs: int) -> float:
     return math.nan if n_pairs < 1 else min(1.0, 2 / 2 ** n_pairs)
 
 
+def _finite_sorted(pvalues: Sequence[float] | np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(p, out, order): the p-values, an all-NaN result of their shape, and the indices of the finite ones in
+    ascending order (NaN entries stay NaN and do not count as tests)."""
+    p = np.asarray(pvalues, dtype=float)
+    ok = np.flatnonzero(np.isfinite(p))
+    return p, np.full(p.shape, np.nan), ok[np.argsort(p[ok], kind="stable")]
+
+
 def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
     """Holm's step-down adjustment (family-wise error); NaN entries stay NaN and do not count as tests."""
-    p = np.asarray(pvalues, dtype=float)
-    out = np.full(p.shape, np.nan)
-    ok = np.flatnonzero(np.isfinite(p))
-    m = len(ok)
-    if m == 0:
-        return out
-    order = ok[np.argsort(p[ok], kind="stable")]
-    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
-    out[order] = np.maximum.accumulate(scaled)  # an adjusted p never falls below a smaller raw p's
+    p, out, order = _finite_sorted(pvalues)
+    m = len(order)
+    if m:
+        scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])
+        out[order] = np.maximum.accumulate(scaled)  # an adjusted p never falls below a smaller raw p's
     return out
 
 
 def benjamini_hochberg(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
     """Benjamini-Hochberg step-up adjustment (false discovery rate); NaN entries stay NaN."""
-    p = np.asarray(pvalues, dtype=float)
-    out = np.full(p.shape, np.nan)
-    ok = np.flatnonzero(np.isfinite(p))
-    m = len(ok)
-    if m == 0:
-        return out
-    order = ok[np.argsort(p[ok], kind="stable")]
-    scaled = np.minimum(1.0, p[order] * m / np.arange(1, m + 1))
-    out[order] = np.minimum.accumulate(scaled[::-1])[::-1]
+    p, out, order = _finite_sorted(pvalues)
+    m = len(order)
+    if m:
+        scaled = np.minimum(1.0, p[order] * m / np.arange(1, m + 1))
+        out[order] = np.minimum.accumulate(scaled[::-1])[::-1]
     return out
 
 
