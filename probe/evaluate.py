@@ -46,7 +46,8 @@ if TYPE_CHECKING:
     from probe.models import HookedSequenceModel
 
 __all__ = ["accuracy_at_length", "check_lengths", "eval_seed", "evaluate_checkpoints", "lengthgen_score",
-           "length_curve", "main", "multiples", "parse_lengths", "plot_length_curves", "scores", "summary_table"]
+           "factor_subtask", "length_curve", "main", "multiples", "parse_lengths", "plot_length_curves", "scores",
+           "state_factors", "summary_table"]
 
 EVAL_SEED_BASE = EVALUATE
 """Evaluation batches come from seeds far from the training seeds (which are ``seed * 1_000_003 + step``)."""
@@ -56,13 +57,42 @@ def eval_seed(seed: int, length: int, chunk: int) -> int:
     return EVAL_SEED_BASE + seed * 1_000_000 + length * 1_000 + chunk
 
 
+def state_factors(m: int) -> list[int]:
+    """The prime-power factors of the modulus m (10 -> [2, 5]): Z_m = product of Z_q over them (the Chinese
+    remainder theorem), so a state answer is right iff it is right modulo every q. Empty when m is a prime power
+    (there is nothing smaller to be right about)."""
+    out, p, rest = [], 2, m
+    while rest > 1:
+        if p * p > rest:
+            out.append(rest)
+            break
+        if rest % p == 0:
+            q = 1
+            while rest % p == 0:
+                rest //= p
+                q *= p
+            out.append(q)
+        p += 1
+    return out if len(out) > 1 else []
+
+
+def factor_subtask(q: int) -> str:
+    """The subtask name under which the state answers' accuracy modulo q is reported (``state_mod2``)."""
+    return f"state_mod{q}"
+
+
 @torch.no_grad()
 def accuracy_at_length(
     model: HookedSequenceModel, task: TaskConfig, length: int, n_samples: int = 256, batch_size: int = 256,
     seed: int = 0, device: torch.device | str | None = None, forward_batch: int | None = None,
+    factors: bool = False,
 ) -> dict[str, dict[str, float]]:
     """Token and sequence accuracy per subtask (and ``all``) on ``n_samples`` fresh sequences of one length.
 
+    ``factors``: also the state answers' accuracy modulo each prime-power factor q of the modulus
+    (``state_factors``), as subtasks ``state_mod{q}``: a state answer counts as right modulo q when the predicted
+    token is a number congruent to the running sum mod q. For m = 10 this separates parity (Z_2) from Z_5, the
+    factors that linear recurrences with negative or complex transitions can and cannot track.
     Sequences are drawn ``batch_size`` at a time and run through the model ``forward_batch`` at a time (default:
     all at once), so the draws, and the numbers, do not depend on how much memory the forward pass may use.
     Sequence accuracy of a subtask counts only sequences that ask that subtask at least once (NaN if none does).
@@ -71,7 +101,8 @@ def accuracy_at_length(
         raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
     device = device or next(model.parameters()).device
     step = forward_batch or batch_size
-    right = {s: 0 for s in (*SUBTASKS, "all")}
+    qs = state_factors(task.m) if factors else []
+    right = {s: 0 for s in (*SUBTASKS, "all", *map(factor_subtask, qs))}
     asked = dict(right)
     seq_right = dict(right)
     seq_asked = dict(right)
@@ -82,7 +113,13 @@ def accuracy_at_length(
         pred = torch.cat([model(batch.tokens[i:i + step]).argmax(-1) for i in range(0, b, step)])
         correct = pred == batch.labels
         masks = {**batch.masks, "all": batch.answer_mask}
+        hits = dict.fromkeys(masks, correct)
+        for q in qs:
+            # a number token congruent to the answer modulo q; anything else (a key, a value) is wrong
+            hits[factor_subtask(q)] = (pred < task.m) & (pred % q == batch.labels % q)
+            masks[factor_subtask(q)] = batch.masks["state"]
         for s, mask in masks.items():
+            correct = hits[s]
             right[s] += int((correct & mask).sum())
             asked[s] += int(mask.sum())
             has = mask.any(dim=1)
@@ -102,7 +139,7 @@ def accuracy_at_length(
 
 def length_curve(
     model: HookedSequenceModel, task: TaskConfig, lengths: Iterable[int], n_samples: int = 256,
-    batch_size: int = 256, seed: int = 0, progress: bool = False, desc: str = "lengths",
+    batch_size: int = 256, seed: int = 0, progress: bool = False, desc: str = "lengths", factors: bool = False,
 ) -> pd.DataFrame:
     """One row per (length, subtask): ``length, subtask, token_acc, seq_acc, n_tokens``.
 
@@ -115,7 +152,7 @@ def length_curve(
     for length in progress_iter(lengths, desc, progress):
         fits = fit_batch_size(model.cfg, length, batch_size, device, prefix=task.prefix_len)
         for subtask, acc in accuracy_at_length(model, task, length, n_samples, batch_size, seed,
-                                               forward_batch=fits).items():
+                                               forward_batch=fits, factors=factors).items():
             rows.append({"length": length, "subtask": subtask, **acc})
     return pd.DataFrame(rows)
 
@@ -129,10 +166,11 @@ def lengthgen_score(curve: pd.DataFrame, train_length: int, factor: int = 3) -> 
 # --- results over checkpoints ------------------------------------------------------------------------------
 def evaluate_checkpoints(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, n_samples: int = 256,
                          batch_size: int = 256, seed: int = 0, device: torch.device | str = "cpu",
-                         progress: bool = False) -> pd.DataFrame:
+                         progress: bool = False, factors: bool = False) -> pd.DataFrame:
     """Tidy curve of every checkpoint: ``checkpoint, label, seed, length, subtask, token_acc, seq_acc, n_tokens``.
 
-    Default lengths: 1 .. 4 x L_train of each checkpoint's task.
+    Default lengths: 1 .. 4 x L_train of each checkpoint's task. ``factors``: also ``state_mod{q}`` rows (see
+    ``accuracy_at_length``).
     """
     if n_samples < 1 or batch_size < 1:
         raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
@@ -147,7 +185,7 @@ def evaluate_checkpoints(paths: Sequence[str | Path], lengths: Sequence[int] | N
     for path, ckpt, lens in zip(paths, ckpts, plans, strict=True):
         model = ckpt.build_model(device)
         curve = length_curve(model, ckpt.task_config, lens, n_samples, batch_size, seed, progress,
-                             desc=f"{variant_name(ckpt)} ({ckpt.name})")
+                             desc=f"{variant_name(ckpt)} ({ckpt.name})", factors=factors)
         curve.insert(0, "checkpoint", str(path))
         curve.insert(1, "label", variant_name(ckpt))
         curve.insert(2, "seed", ckpt.seed)
@@ -253,7 +291,8 @@ def evaluation_envelope(curves: pd.DataFrame, paths: Sequence[str | Path]) -> di
 
 
 # --- CLI ---------------------------------------------------------------------------------------------------
-_HELP_JSON = """JSON (--json): results rows {checkpoint, label, seed, length, subtask (state|recall|all), token_acc,
+_HELP_JSON = """JSON (--json): results rows {checkpoint, label, seed, length, subtask (state|recall|all, and
+state_mod{q} with --factors), token_acc,
 seq_acc, n_tokens, train_length, precision, optimizer_impl (how the checkpoint was trained)}, plus one row per
 checkpoint and subtask with length null, metric "lengthgen_score" and its value in token_acc (mean token accuracy
 over lengths in (L_train, 3 L_train]); controls rows {control: "chance", subtask,
@@ -272,6 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_samples(parser, 256)
     parser.add_argument("--batch-size", type=positive_int, default=256, help="sub-batch size, bounds memory "
                                                                              "(default 256)")
+    parser.add_argument("--factors", action="store_true",
+                        help="also the state answers' accuracy modulo each prime-power factor q of the modulus "
+                             "(subtasks state_mod2, state_mod5 for m = 10): parity apart from the rest")
     add_threads(parser)
     add_common_args(parser)
     return parser
@@ -284,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         seed_and_threads(args)
         paths = resolve_checkpoints(args.checkpoints, note=None if args.json else _note)
         curves = evaluate_checkpoints(paths, args.lengths, args.samples, args.batch_size, args.seed,
-                                      resolve_device(args.device), progress=not args.json)
+                                      resolve_device(args.device), progress=not args.json, factors=args.factors)
         trained = curves.drop_duplicates("checkpoint")
         for r in trained.itertuples():
             say(args, f"{r.checkpoint}: {r.label}, seed {r.seed}, trained in {r.precision} "

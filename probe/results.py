@@ -165,7 +165,10 @@ def run_summary(variant: str, seed: int, curve: pd.DataFrame, scores: dict[str, 
     row: dict[str, Any] = {"variant": variant, "seed": int(seed), "run": f"{variant}/seed{seed}", **meta}
     lengths = sorted(int(n) for n in curve.length.unique())
     row["eval_lengths"] = lengths_spec(lengths)
-    for subtask in SUBTASKS:
+    # and the state answers modulo each factor of m where the evaluation had them (probe.evaluate --factors)
+    factor_rows = sorted((s for s in curve.subtask.unique() if str(s).startswith("state_mod")),
+                         key=lambda s: int(s[len("state_mod"):]))
+    for subtask in (*SUBTASKS, *factor_rows):
         part = curve[curve.subtask == subtask].set_index("length")
         if part.empty:
             continue

@@ -199,3 +199,55 @@ def test_progress_goes_to_stderr_and_json_stays_silent(two_seeds, capsys):
     assert "hybrid-joint (s0.pt)" in capsys.readouterr().err
     assert main([str(two_seeds[0]), "--lengths", "1:3", "--samples", "4", "--json"]) == 0
     assert capsys.readouterr().err == ""
+
+
+class _ShiftedOracle(torch.nn.Module):
+    """Answers every question from the task's own labels, the state answers shifted by ``shift`` mod m: shift 5
+    is right modulo 5 and wrong modulo 2 at every state answer (and shift 2 the reverse), recall always right."""
+
+    def __init__(self, task, shift: int):
+        super().__init__()
+        self.task, self.shift = task, shift
+        self.dummy = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, tokens):
+        batch = self.task.relabel(tokens)
+        labels = batch.labels.clone()
+        state = batch.masks["state"]
+        labels[state] = (labels[state] + self.shift) % self.task.m
+        return torch.nn.functional.one_hot(labels.clamp(min=0), self.task.vocab_size).float()
+
+
+def test_state_factors_are_the_prime_power_factors_of_the_modulus():
+    from probe.evaluate import state_factors
+
+    assert state_factors(10) == [2, 5]
+    assert state_factors(12) == [4, 3]
+    assert state_factors(30) == [2, 3, 5]
+    assert state_factors(8) == [] and state_factors(7) == []  # a prime power has no smaller factor to be right on
+
+
+@pytest.mark.parametrize("shift, mod2, mod5", [(0, 1.0, 1.0), (5, 0.0, 1.0), (2, 1.0, 0.0), (1, 0.0, 0.0)])
+def test_factor_accuracy_separates_parity_from_z5(shift, mod2, mod5):
+    task = make_task("interleaved", train_length=5)
+    acc = accuracy_at_length(_ShiftedOracle(task, shift), task, 12, n_samples=32, seed=1, factors=True)
+    assert acc["state"]["token_acc"] == (1.0 if shift == 0 else 0.0)
+    assert acc["state_mod2"]["token_acc"] == mod2 and acc["state_mod5"]["token_acc"] == mod5
+    assert acc["state_mod2"]["n_tokens"] == acc["state"]["n_tokens"] > 0
+    assert acc["recall"]["token_acc"] == 1.0
+    assert "state_mod2" not in accuracy_at_length(_ShiftedOracle(task, 0), task, 12, n_samples=8)  # opt-in
+
+
+def test_factor_accuracy_counts_a_non_number_answer_as_wrong():
+    task = make_task("interleaved", train_length=5)
+
+    class KeyAnswerer(_ShiftedOracle):
+        def forward(self, tokens):
+            out = super().forward(tokens)
+            # a key token whose id is congruent to the answer mod 2 and mod 5 (id = answer + m) must not count
+            state = self.task.relabel(tokens).masks["state"]
+            shifted = torch.where(state, out.argmax(-1) + self.task.m, out.argmax(-1))
+            return torch.nn.functional.one_hot(shifted, self.task.vocab_size).float()
+
+    acc = accuracy_at_length(KeyAnswerer(task, 0), task, 12, n_samples=16, seed=3, factors=True)
+    assert acc["state_mod2"]["token_acc"] == 0.0 and acc["state_mod5"]["token_acc"] == 0.0

@@ -418,3 +418,26 @@ def test_ray_worker_that_dies_beyond_its_retries_is_reported_failed(ray_instance
     (result,) = run_sweep(cfg, tmp_path, RayExecutor(2, retries=0), OPTS, progress=False,
                           worker=kill_always).results
     assert result.status == "failed" and "worker died 1 time(s)" in result.error
+
+
+def test_eval_factors_reach_the_run_summaries_and_the_compact_curves(tmp_path, capsys):
+    out = tmp_path / "factors"
+    argv = ["--preset", "lstm", "--seeds", "0", "--steps", "20", *SETS, "--out", str(out), "--jobs", "1",
+            "--quick", "--eval-factors", "--no-progress", "--no-figure"]
+    assert main([*argv, "--dry-run"]) == 0 and "--factors" in capsys.readouterr().out
+    assert main(argv) == 0
+    capsys.readouterr()
+    grid = load_grid(out)
+    run = grid.runs.iloc[0]
+    assert 0 <= run.state_mod5_acc_3x <= 1 and 0 <= run.state_mod2_acc_3x <= 1
+    # right modulo 10 implies right modulo 2 and modulo 5: the factor accuracies bound the state's from above
+    assert run.state_mod2_acc_3x >= run.state_acc_3x and run.state_mod5_acc_3x >= run.state_acc_3x
+    compact = tmp_path / "compact"
+    from probe.results import write_grid
+
+    write_grid(grid, compact)
+    back = load_grid(compact).curves
+    assert {"state_mod2", "state_mod5"} <= set(back.subtask)
+    with pytest.raises(ProbeError, match="eval_factors"):
+        config_from_dict({"name": "x", "seeds": [0], "eval_factors": "yes",
+                          "variant": [{"name": "a", "preset": "lstm"}]}, "x.toml")

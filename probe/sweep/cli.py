@@ -79,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-lengths", default=None, metavar="SPEC",
                    help="lengths of the final evaluation: 4x (default: every length up to 4x L_train), 16x (that, "
                         "then every L_train up to 16x), coarse, or a list such as 1:100,125:400:25")
+    p.add_argument("--eval-factors", action="store_true",
+                   help="the final evaluation also reports the state answers modulo each prime-power factor of the "
+                        "modulus (subtasks state_mod2, state_mod5; probe.evaluate --factors); or eval_factors = true")
     p.add_argument("--quick", action="store_true",
                    help=f"a smoke test's evaluation: {QUICK_SAMPLES} sequences at every (L_train/5)-th length up "
                         "to 4x, unless --eval-samples/--eval-lengths say otherwise (the log says what it reduced)")
@@ -203,10 +206,12 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args, Path(target))
         cfg = config_from_args(args)
         samples, lengths, quick_note = eval_options(args, cfg)
+        factors = args.eval_factors or cfg.eval_factors
         validate_runs(cfg)
         if args.dry_run:
             out = Path(args.out or "DIR")
             lengths_arg = f" --lengths {lengths}" if lengths else ""
+            lengths_arg += " --factors" if factors else ""
             for run, state in plan(cfg, out):
                 say(args, f"{run.key}  [{state}]  {run.out}")
                 if state != "finished":
@@ -225,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
             device = "cuda"  # Ray gives each task its GPU(s) through CUDA_VISIBLE_DEVICES
         if quick_note:
             print(quick_note, file=sys.stderr)
-        opts = RunOptions(device=device, eval_samples=samples, eval_lengths=lengths, note=quick_note)
+        opts = RunOptions(device=device, eval_samples=samples, eval_lengths=lengths, eval_factors=factors,
+                          note=quick_note)
         outcome = run_sweep(cfg, args.out, executor, opts, progress=not args.no_progress)
         _print_outcome(outcome)
         failed = bool(outcome.failed)

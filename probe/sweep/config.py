@@ -20,7 +20,7 @@ else:  # pragma: no cover - Python 3.10 installs tomli (pyproject)
 SWEEP_FILE = "sweep.json"
 """In a sweep's directory: its config as JSON, so that ``--report`` knows which runs belong to it."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TOP_KEYS = {"name", "seeds", "set", "steps", "task", "variant", "eval_lengths", "eval_samples"}
+_TOP_KEYS = {"name", "seeds", "set", "steps", "task", "variant", "eval_lengths", "eval_samples", "eval_factors"}
 _VARIANT_KEYS = {"name", "preset", "set", "seeds", "steps", "task"}
 
 
@@ -79,6 +79,7 @@ class SweepConfig:
     task: str = "interleaved"
     eval_lengths: str | None = None
     eval_samples: int | None = None
+    eval_factors: bool = False
 
     def __post_init__(self) -> None:
         if not self.variants:
@@ -126,6 +127,8 @@ class SweepConfig:
         for key in ("steps", "eval_lengths", "eval_samples"):
             if getattr(self, key) is not None:
                 d[key] = getattr(self, key)
+        if self.eval_factors:
+            d["eval_factors"] = True
         d["variant"] = []
         for v in self.variants:
             row: dict[str, Any] = {"name": v.name, "preset": v.preset, "set": list(v.overrides)}
@@ -173,6 +176,7 @@ def config_from_dict(d: dict[str, Any], source: str = "sweep config") -> SweepCo
         task=_typed(d.get("task", "interleaved"), str, f"{source}: task"),
         eval_lengths=_eval_lengths(d.get("eval_lengths"), f"{source}: eval_lengths"),
         eval_samples=_steps(d.get("eval_samples"), f"{source}: eval_samples"),
+        eval_factors=_typed(d.get("eval_factors", False), bool, f"{source}: eval_factors"),
     )
 
 

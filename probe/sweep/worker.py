@@ -27,11 +27,13 @@ LOG, EVAL = "train.log", "eval.json"
 class RunOptions:
     """What every run of a sweep shares. ``eval_samples``: sequences per length of the final evaluation;
     ``eval_lengths``: its lengths (``probe.sweep.config.eval_lengths_for``; None: every length up to 4x L_train);
-    ``note``: a line for every run's log (what ``--quick`` reduced)."""
+    ``eval_factors``: also the state answers' accuracy modulo each factor of the modulus (``probe.evaluate
+    --factors``); ``note``: a line for every run's log (what ``--quick`` reduced)."""
 
     device: str = "cpu"
     eval_samples: int = 256
     eval_lengths: str | None = None
+    eval_factors: bool = False
     note: str | None = None
 
 
@@ -117,7 +119,7 @@ def evaluate_run(run: Run, opts: RunOptions) -> Path:
         print(opts.note, flush=True)
     lengths = eval_lengths_for(opts.eval_lengths, load_checkpoint(final).task_config.train_length)
     t0 = time.perf_counter()
-    curves = evaluate_checkpoints([final], lengths, opts.eval_samples, device=opts.device)
+    curves = evaluate_checkpoints([final], lengths, opts.eval_samples, device=opts.device, factors=opts.eval_factors)
     print(f"evaluated {len(lengths)} lengths x {opts.eval_samples} sequences in {time.perf_counter() - t0:.1f} s",
           flush=True)
     tmp = run.out / f".{EVAL}.tmp"
