@@ -149,12 +149,23 @@ class FigureSpec:
     command: str
     inputs: str
     make: Callable[[Inputs], Figure]
+    needs: str | None = None
+    """A grid under ``--results`` the figure is drawn from and that cannot be recomputed here (a sweep of many
+    training runs): without it the figure is skipped, with a line saying so, unless ``--only`` asks for it."""
 
 
 def _accuracy(i: Inputs) -> Figure:
     from probe.evaluate import plot_length_curves
 
     return plot_length_curves(i.curves)
+
+
+def _recurrence(i: Inputs) -> Figure:
+    from probe.sweep.aggregate import aggregate
+    from probe.sweep.plots import plot_by_cell
+
+    report = aggregate(i.results / "recurrent")
+    return plot_by_cell(report.curves, report.bands)
 
 
 def _grad_training(i: Inputs) -> Figure:
@@ -219,6 +230,13 @@ FIGURES: list[FigureSpec] = [
                "tracking, recall). Line: mean over seeds; band: min-max over seeds; shaded: training lengths 1-25.",
                "python scripts/ship.py (python -m probe.evaluate runs/*/seed*/final.pt --lengths 1:100)",
                "results/reproduction/ (all seeds)", _accuracy),
+    FigureSpec("which_recurrence",
+               "State accuracy vs stream length (log axis, to 16x L_train) for each recurrent cell other than the "
+               "LSTM, alone and in the 2-block hybrid trained jointly or with DAT (and with stopgrad-rnn where "
+               "joint falls off): mean over seeds (thick), 95% t-interval (band), each seed (thin); top row the "
+               "state mod 10, bottom row its parity (mod 2); dotted: chance; shaded: training lengths 1-25.",
+               "python -m probe.sweep results/recurrent --report",
+               "results/recurrent/ (sweeps/recurrent.toml)", _recurrence, needs="recurrent"),
     FigureSpec("gradient_interference",
                "Gradient interference over training, joint vs DAT (the shipped trajectories): |g_att|/|g| and "
                "the cosines of the attention-path gradient on the LSTM weights with the recurrent-path gradient of "
@@ -418,6 +436,15 @@ def main(argv: list[str] | None = None) -> int:
         inputs = Inputs(Path(args.checkpoints), Path(args.results), args.seed, str(resolve_device(args.device)),
                         args.quick)
         inputs.validate()
+        absent = [s for s in specs if s.needs and not (inputs.results / s.needs / "runs.jsonl").is_file()]
+        if absent and args.only:
+            s = absent[0]
+            raise ProbeError(f"{s.name} is drawn from the grid {inputs.results / s.needs}/, which is not there "
+                             f"(python scripts/collect_runs.py RUNS {inputs.results / s.needs} makes it)")
+        for s in absent:
+            if not quiet:
+                print(f"{s.name}: skipped, no grid {inputs.results / s.needs}/ to draw it from", file=sys.stderr)
+        specs = [s for s in specs if s not in absent]
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         made, rows, t_all = {}, [], time.perf_counter()
@@ -428,6 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         bar = tqdm(specs, unit="figure", file=sys.stderr, disable=quiet)
         for spec in bar:
             bar.set_description(spec.name)
+
             t0 = time.perf_counter()
             fig = spec.make(inputs)
             _without_local_paths(fig, [inputs.checkpoints, inputs.results, REPO])

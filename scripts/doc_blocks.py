@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from doc_format import grid_of as _grid
+from doc_format import mean_ci, pct, per_seed
+from doc_format import p_text as _p
+from doc_format import runs_of as _runs
+from doc_format import table as _table
 from scipy import stats as sps
 
-from probe.core.stats import paired_interval, sign_flip_p, t_interval
-from probe.results import Grid, load_grid
+from probe.core.stats import paired_interval, sign_flip_p
+from probe.results import Grid
 from probe.sweep.compare import compare
 
 SOLVED = 0.95
@@ -29,40 +34,9 @@ WHAT = {
 }
 
 
-def pct(x: float) -> str:
-    return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
-
-
-def mean_ci(values: Sequence[float]) -> str:
-    """Mean with its 95 % t-interval over seeds, in %, clipped to [0, 100] (accuracy cannot leave it)."""
-    values = np.asarray(values, dtype=float)
-    if len(values) < 2:
-        return pct(values.mean()) if len(values) else "–"
-    iv = t_interval(values)
-    return f"{pct(iv.estimate)} [{pct(max(iv.low, 0.0))}, {pct(min(iv.high, 1.0))}]"
-
-
-def per_seed(values: Sequence[float]) -> str:
-    return " / ".join(pct(v) for v in values)
-
-
-def _grid(root: Path, name: str) -> Grid:
-    return load_grid(root / "results" / name)
-
-
-def _runs(grid: Grid, variant: str) -> pd.DataFrame:
-    return grid.runs[grid.runs.variant == variant].sort_values("seed")
-
-
 def _holds(runs: pd.DataFrame, factor: int) -> str:
     ok = (runs[f"state_acc_{factor}x"] >= SOLVED) & (runs[f"recall_acc_{factor}x"] >= SOLVED)
     return f"{int(ok.sum())} of {len(runs)}"
-
-
-def _table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 # --- README ---------------------------------------------------------------------------------------------------------
@@ -83,10 +57,6 @@ def headline(root: Path) -> str:
 def _mechanism_comparisons(root: Path) -> tuple[Grid, pd.DataFrame]:
     grid = _grid(root, "mechanism")
     return grid, compare(grid.curves, ["joint", "dat"])
-
-
-def _p(x: float) -> str:
-    return "–" if not np.isfinite(x) else (f"{x:.3f}" if x >= 0.001 else f"{x:.1e}")
 
 
 def mechanism_short(root: Path) -> str:
@@ -336,3 +306,6 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
 from doc_blocks_analyses import BLOCKS as _ANALYSES  # noqa: E402
 
 BLOCKS.update(_ANALYSES)
+from doc_blocks_recurrent import BLOCKS as _RECURRENT  # noqa: E402
+
+BLOCKS.update(_RECURRENT)

@@ -41,3 +41,69 @@ def plot_sweep(curves: pd.DataFrame, bands: pd.DataFrame, subtasks: Sequence[str
                  "thin: each seed", fontsize=8)
     fig.tight_layout()
     return fig
+
+
+SCHEDULES = ("joint", "dat", "stopgrad-rnn")
+"""Schedule suffixes of the recurrent grid's hybrid variants (``hybrid-CELL-SCHEDULE``); a variant without the
+``hybrid-`` prefix is the cell alone."""
+
+
+def cell_and_schedule(variant: str) -> tuple[str, str]:
+    """``hybrid-ssm-complex-dat`` -> (``ssm-complex``, ``dat``); ``gru`` -> (``gru``, ``alone``)."""
+    if not variant.startswith("hybrid-"):
+        return variant, "alone"
+    rest = variant.removeprefix("hybrid-")
+    for s in sorted(SCHEDULES, key=len, reverse=True):
+        if rest.endswith(f"-{s}"):
+            return rest.removesuffix(f"-{s}"), s
+    return rest, "other"
+
+
+def plot_by_cell(curves: pd.DataFrame, bands: pd.DataFrame,
+                 subtasks: Sequence[tuple[str, str]] = (("state", "state (mod 10)"),
+                                                        ("state_mod2", "parity of the state (mod 2)"))) -> Figure:
+    """The recurrent grid's figure: one column per cell, one row per subtask of ``subtasks`` that the curves
+    have; in each panel one colour per schedule (the cell alone, the hybrid joint, with DAT, ...): the mean over
+    seeds (thick), its 95 % t-interval (band) and each seed (thin). Lengths on a log axis (the grid reaches 16x);
+    the training lengths shaded; the accuracy of guessing (1/q for mod q) dotted."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    rows = [(s, title) for s, title in subtasks if curves[curves.subtask == s].token_acc.notna().any()]
+    if not rows:
+        raise ValueError("no curves of the requested subtasks")
+    cells = list(dict.fromkeys(cell_and_schedule(v)[0] for v in curves.variant))
+    schedules = [s for s in ("alone", *SCHEDULES, "other")
+                 if any(cell_and_schedule(v)[1] == s for v in curves.variant)]
+    colors = dict(zip(schedules, sns.color_palette("colorblind", len(schedules)), strict=True))
+    fig, axes = plt.subplots(len(rows), len(cells), figsize=(3.2 * len(cells), 2.8 * len(rows)), sharex=True,
+                             sharey=True, squeeze=False)
+    lt = int(curves.train_length.max())
+    for i, (subtask, title) in enumerate(rows):
+        q = 10 if subtask == "state" else int(subtask.removeprefix("state_mod"))
+        for j, cell in enumerate(cells):
+            ax = axes[i][j]
+            for variant in dict.fromkeys(curves.variant):
+                c, schedule = cell_and_schedule(variant)
+                if c != cell:
+                    continue
+                color = colors[schedule]
+                part = curves[(curves.variant == variant) & (curves.subtask == subtask)]
+                for _, seed_curve in part.groupby("seed"):
+                    ax.plot(seed_curve.length, seed_curve.token_acc, color=color, lw=0.5, alpha=0.4)
+                band = bands[(bands.variant == variant) & (bands.subtask == subtask)]
+                ax.fill_between(band.length, band.ci_low, band.ci_high, color=color, alpha=0.2, lw=0)
+                ax.plot(band.length, band["mean"], color=color, lw=1.6,
+                        label=f"{schedule} ({part.seed.nunique()})")
+            ax.axvspan(1, lt, color="0.85", alpha=0.5, lw=0)
+            ax.axhline(1 / q, color="0.4", lw=0.8, ls=":")
+            ax.set_xscale("log")
+            ax.set(ylim=(-0.02, 1.02), xlabel="stream length L" if i == len(rows) - 1 else None,
+                   ylabel=title if j == 0 else None, title=cell if i == 0 else None)
+            if i == 0:
+                ax.legend(fontsize=6, loc="lower left", title="schedule (seeds)", title_fontsize=6)
+    fig.suptitle(f"State accuracy vs length by recurrent cell — thick: mean over seeds; band: 95 % t-interval; "
+                 f"thin: each seed; shaded: training lengths 1–{lt}; dotted: chance", fontsize=8)
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,122 @@
+"""The blocks of README.md and docs/recurrent.md that quote results/recurrent/ (sweeps/recurrent.toml): each a
+function of the committed results only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from doc_format import grid_of as _grid
+from doc_format import mean_ci, pct, per_seed
+from doc_format import p_text as _p
+from doc_format import runs_of as _runs
+from doc_format import table as _table
+
+from probe.core.stats import holm
+from probe.sweep.compare import compare
+from probe.sweep.plots import cell_and_schedule
+
+GRID = "recurrent"
+THRESHOLD = 0.90
+"""A seed "solves" a length when its state accuracy there is above this (the issue's fraction of seeds)."""
+FACTORS = (3, 16)
+
+
+def _cells(variants: list[str]) -> list[tuple[str, list[str]]]:
+    """The grid's variants grouped by cell, in config order: [(cell, [variant, ...]), ...]."""
+    out: dict[str, list[str]] = {}
+    for v in variants:
+        out.setdefault(cell_and_schedule(v)[0], []).append(v)
+    return list(out.items())
+
+
+def _col(runs: pd.DataFrame, name: str) -> pd.Series:
+    return runs[name] if name in runs else pd.Series(np.nan, index=runs.index)
+
+
+def _solved(runs: pd.DataFrame, factor: int) -> str:
+    values = _col(runs, f"state_acc_{factor}x").dropna()
+    return f"{int((values > THRESHOLD).sum())} of {len(values)}" if len(values) else "–"
+
+
+def recurrent_short(root: Path) -> str:
+    """README: per cell and schedule, state accuracy at 1x, 3x and 16x (mean, 95 % t-interval), the parity and
+    mod-5 parts at 16x, recall at 3x, and how many seeds solve 3x and 16x."""
+    grid = _grid(root, GRID)
+    rows = []
+    for cell, variants in _cells(grid.variants):
+        for v in variants:
+            r = _runs(grid, v)
+            schedule = cell_and_schedule(v)[1]
+            rows.append([f"`{cell}`", schedule, len(r), mean_ci(r.state_acc_1x), mean_ci(r.state_acc_3x),
+                         mean_ci(_col(r, "state_acc_16x").dropna()),
+                         mean_ci(_col(r, "state_mod2_acc_16x").dropna()),
+                         mean_ci(_col(r, "state_mod5_acc_16x").dropna()),
+                         mean_ci(r.recall_acc_3x) if schedule != "alone" else pct(r.recall_acc_3x.mean()),
+                         _solved(r, 3), _solved(r, 16)])
+    pc = f"{100 * THRESHOLD:.0f}"
+    return _table(["cell", "schedule", "seeds", "state 1x", "state 3x", "state 16x", "parity 16x", "mod 5 16x",
+                   "recall 3x", f"seeds > {pc} % at 3x", f"seeds > {pc} % at 16x"], rows)
+
+
+def recurrent_seeds(root: Path) -> str:
+    """docs/recurrent.md: every seed, state accuracy at 3x, 4x and 16x and the sequence accuracy at 3x."""
+    grid = _grid(root, GRID)
+    rows = []
+    for v in grid.variants:
+        r = _runs(grid, v)
+        rows.append([f"`{v}`", ", ".join(map(str, r.seed)), per_seed(r.state_acc_3x), per_seed(r.state_acc_4x),
+                     per_seed(_col(r, "state_acc_16x")), per_seed(_col(r, "state_seq_acc_3x")),
+                     f"{pct(r.recall_acc_3x.min())}–{pct(r.recall_acc_3x.max())}"])
+    return _table(["variant", "seeds", "state 3x, each seed", "state 4x", "state 16x", "sequences all right at 3x",
+                   "recall 3x, range"], rows)
+
+
+def _comparisons(root: Path) -> pd.DataFrame:
+    """Within each cell, every hybrid schedule and the cell alone against that cell's joint hybrid, state accuracy
+    at 3x and at 16x; Holm's adjustment over every test of the grid (both lengths, all cells)."""
+    grid = _grid(root, GRID)
+    frames = []
+    for cell, variants in _cells(grid.variants):
+        joint = f"hybrid-{cell}-joint"
+        if joint not in variants:
+            continue
+        curves = grid.curves[grid.curves.variant.isin(variants)]
+        for factor in FACTORS:
+            if not (curves.length == factor * curves.train_length).any():
+                continue
+            c = compare(curves, [joint], factor=factor)
+            frames.append(c.assign(cell=cell))
+    if not frames:
+        return pd.DataFrame()
+    out = pd.concat(frames, ignore_index=True)
+    out["p_holm"] = holm(out.p_permutation.to_numpy())
+    out["n_tests"] = len(out)
+    return out
+
+
+def recurrent_compare(root: Path) -> str:
+    """docs/recurrent.md: the comparisons against each cell's joint hybrid."""
+    cmp = _comparisons(root)
+    rows = []
+    for r in cmp.itertuples():
+        diff = f"{100 * r.difference:+.1f} [{100 * r.difference_ci_low:+.1f}, {100 * r.difference_ci_high:+.1f}]"
+        verdict = ("differ" if r.p_holm < 0.05 else
+                   f"no difference detected, CI [{100 * r.difference_ci_low:+.1f}, {100 * r.difference_ci_high:+.1f}]")
+        rows.append([f"`{r.cell}`", f"`{r.variant}`", f"{r.factor}x", f"{r.n_seeds} vs {r.n_seeds_baseline}",
+                     pct(r.mean), pct(r.mean_baseline), diff, _p(r.p_permutation), _p(r.p_min_attainable),
+                     _p(r.p_holm), verdict])
+    n = int(cmp.n_tests.iloc[0]) if len(cmp) else 0
+    return (f"Each against its cell's joint hybrid (`hybrid-CELL-joint`), state token accuracy (%); difference of "
+            f"means with its Welch 95 % interval; p: exact two-sided permutation test over seeds; Holm over the "
+            f"{n} tests of this table.\n\n"
+            + _table(["cell", "variant", "length", "seeds", "mean", "joint's", "difference [95 % CI]", "p", "min. p",
+                      "Holm p", "verdict"], rows))
+
+
+BLOCKS = {
+    "recurrent-short": recurrent_short,
+    "recurrent-seeds": recurrent_seeds,
+    "recurrent-compare": recurrent_compare,
+}

@@ -1,0 +1,47 @@
+"""Formatting shared by the blocks of README.md and docs/*.md that quote results/ (doc_blocks*.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from probe.core.stats import t_interval
+from probe.results import Grid, load_grid
+
+
+def pct(x: float) -> str:
+    return "–" if x is None or not np.isfinite(x) else f"{100 * x:.1f}"
+
+
+def mean_ci(values: Sequence[float]) -> str:
+    """Mean with its 95 % t-interval over seeds, in %, clipped to [0, 100] (accuracy cannot leave it)."""
+    values = np.asarray(values, dtype=float)
+    if len(values) < 2:
+        return pct(values.mean()) if len(values) else "–"
+    iv = t_interval(values)
+    return f"{pct(iv.estimate)} [{pct(max(iv.low, 0.0))}, {pct(min(iv.high, 1.0))}]"
+
+
+def per_seed(values: Sequence[float]) -> str:
+    return " / ".join(pct(v) for v in values)
+
+
+def grid_of(root: Path, name: str) -> Grid:
+    return load_grid(root / "results" / name)
+
+
+def runs_of(grid: Grid, variant: str) -> pd.DataFrame:
+    return grid.runs[grid.runs.variant == variant].sort_values("seed")
+
+
+def table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def p_text(x: float) -> str:
+    return "–" if not np.isfinite(x) else (f"{x:.3f}" if x >= 0.001 else f"{x:.1e}")
