@@ -51,11 +51,15 @@ def test_every_figure_and_the_index(shipped, tmp_path, monkeypatch):
     nothing.mkdir()  # no shipped results: every figure is recomputed
     assert main(["--checkpoints", str(shipped), "--results", str(nothing), "--out", str(out),
                  "--format", "png,pdf", "--device", "cpu", "--quick"]) == 0
+    made = [s for s in FIGURES if not s.needs]  # a figure of a committed grid cannot be recomputed: skipped
+    assert len(made) < len(FIGURES)
     for spec in FIGURES:
         for fmt in ("png", "pdf"):
-            assert (out / f"{spec.name}.{fmt}").stat().st_size > 1000, spec.name
+            assert (out / f"{spec.name}.{fmt}").exists() == (spec in made), spec.name
+            if spec in made:
+                assert (out / f"{spec.name}.{fmt}").stat().st_size > 1000, spec.name
     index = (out / "README.md").read_text()
-    for spec in FIGURES:
+    for spec in made:
         # a caption's pipes are escaped so that they do not split the markdown table
         assert f"[{spec.name}.png]({spec.name}.png)" in index and spec.caption.replace("|", "\\|") in index
     assert texts and not [t for t in texts if str(shipped) in t], "figure text names checkpoints by absolute path"
@@ -133,4 +137,68 @@ def test_figure_text_names_checkpoints_without_the_folder_they_sit_in(tmp_path):
     _without_local_paths(fig, [root])
     assert ax.get_title() == "hybrid-dat.pt"
     assert ax.get_legend().get_texts()[0].get_text() == "hybrid-joint (trajectories/hybrid-joint/step_000010.pt)"
+    plt.close(fig)
+
+
+def _tiny_recurrent_grid(root):
+    """results/recurrent in compact form: two cells, alone / joint / dat, two seeds, lengths to 16x of L_train 4,
+    with the parity rows; accuracies made up (the figure's drawing is under test, not a model)."""
+    import pandas as pd
+
+    from probe.results import Grid, run_summary, write_grid
+
+    rows, runs = [], []
+    for variant in ("gru", "hybrid-gru-joint", "hybrid-gru-dat", "ssm-complex", "hybrid-ssm-complex-joint"):
+        for seed in (0, 1):
+            part = []
+            for length in [*range(1, 17), 24, 32, 64]:
+                acc = 1.0 if length <= 4 or "dat" in variant else 0.5 + 0.1 * seed
+                for subtask, value in (("state", acc), ("recall", 1.0), ("state_mod2", 1.0)):
+                    part.append({"variant": variant, "seed": seed, "run": f"{variant}/seed{seed}",
+                                 "label": variant, "train_length": 4, "length": length, "subtask": subtask,
+                                 "token_acc": value, "seq_acc": value, "n_tokens": 100, "checkpoint": None})
+            curve = pd.DataFrame(part)
+            rows.append(curve)
+            runs.append(run_summary(variant, seed, curve, {}, {"train_length": 4, "label": variant}))
+    grid = Grid("recurrent", pd.DataFrame(runs), pd.concat(rows, ignore_index=True))
+    write_grid(grid, root / "recurrent")
+    return root
+
+
+def test_recurrence_figure_is_drawn_from_its_grid_and_refused_without_it(shipped, tmp_path, capsys):
+    out = tmp_path / "figs"
+    assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
+                 "--only", "which_recurrence", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "recurrent" in err and not out.exists()
+    results = _tiny_recurrent_grid(tmp_path / "results")
+    assert main(["--checkpoints", str(shipped), "--results", str(results), "--out", str(out),
+                 "--only", "which_recurrence", "--quick", "--quiet"]) == 0
+    assert (out / "which_recurrence.png").stat().st_size > 10_000
+
+
+def test_cell_and_schedule_parse_the_recurrent_grid_s_variant_names():
+    from probe.sweep.plots import cell_and_schedule
+
+    assert cell_and_schedule("hybrid-ssm-complex-dat") == ("ssm-complex", "dat")
+    assert cell_and_schedule("hybrid-gru-stopgrad-rnn") == ("gru", "stopgrad-rnn")
+    assert cell_and_schedule("ssm-negative") == ("ssm-negative", "alone")
+    assert cell_and_schedule("hybrid-gru-weird") == ("gru-weird", "other")
+
+
+def test_recurrence_figure_has_a_column_per_cell_and_a_row_per_subtask(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from probe.sweep.aggregate import aggregate
+    from probe.sweep.plots import plot_by_cell
+
+    report = aggregate(_tiny_recurrent_grid(tmp_path) / "recurrent")
+    fig = plot_by_cell(report.curves, report.bands)
+    assert len(fig.axes) == 2 * 2 and [ax.get_title() for ax in fig.axes[:2]] == ["gru", "ssm-complex"]
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["alone (2)", "joint (2)", "dat (2)"]
+    plt.close(fig)
+    no_parity = report.curves[report.curves.subtask != "state_mod2"]
+    fig = plot_by_cell(no_parity, report.bands)
+    assert len(fig.axes) == 2  # the parity row needs --factors curves
     plt.close(fig)
