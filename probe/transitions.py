@@ -1,0 +1,396 @@
+"""What a diagonal linear recurrence does with each input: the SSM's transition per number token, and which channels
+count modulo what, for how long.
+
+Usage: ``python -m probe.transitions ckpt.pt [more.pt ...] [--lengths 25] [--samples 64] [--json] [--out DIR]``.
+
+A selective SSM's state evolves as s_t = a_t s_{t-1} + b_t v_t, channel by channel, with a_t a function of the
+sublayer's input x_t. Tracking a running sum mod m with such a channel needs a_t to act on s as an element of Z_m:
+a_t = exp(2 pi i k d / m) for number d (with modulus exactly 1, and the identity on every other token). A channel
+whose transitions have this form with k of order o = m / gcd(k, m) tracks the sum modulo o (k = 5 of m = 10: the
+parity; k = 2: Z_5; k = 1, 3, 7, 9: Z_10). ``positive`` transitions have phase 0 (they can only fade), ``negative``
+ones phase 0 or pi (order 2 at best: the theory's Z_2), ``complex`` ones any phase (Merrill et al. 2024; Grazzi et
+al. 2025; docs/recurrent.md).
+
+Per block, channel and stream token, from ``hook_a`` (and ``hook_theta``) on real sequences, this measures the mean
+modulus and the (circular) mean phase of the transition, then per channel the k that fits the number tokens' phases
+best and two horizons: how many steps the phase error takes to move the state by half a sector (``drift_steps``:
+(pi / m) / error, the error being the largest of the tokens' phase errors against 2 pi k d / m, queries against 0)
+and how many the modulus takes to halve it (``fade_steps``: ln 2 / -ln |a|, the smallest modulus over tokens). A
+channel *counts mod o up to L* when both horizons reach L. In block 0 the input is the token's embedding alone, so a
+transition is a function of the token (spread 0); in later blocks it depends on context, and the spread says how much.
+
+Cells other than the SSM have no per-token transition (their step depends on the state): the analysis says so in
+one line and returns no rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probe.cli import (
+    add_checkpoints,
+    add_common_args,
+    add_lengths,
+    add_samples,
+    add_threads,
+    envelope,
+    make_parser,
+    resolve_device,
+    run_cli,
+    say,
+    seed_and_threads,
+    write_outputs,
+)
+from probe.core.rows import CONTROL, INSTRUMENT, check_row
+from probe.errors import ProbeError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from probe.models import HookedSequenceModel
+    from probe.tasks import TaskConfig
+
+__all__ = ["TransitionResult", "analyze", "channel_table", "known_rotation_check", "main", "measure_transitions",
+           "not_applicable", "plot_channels", "reinit_control", "reinitialised", "shuffled_digits_control", "summarize"]
+
+HORIZON = 4
+"""A channel counts "beyond the training range" when both horizons reach HORIZON x L_train."""
+
+
+def not_applicable(model: HookedSequenceModel) -> str | None:
+    """Why the analysis does not apply to ``model`` (one line), or None when it does."""
+    layers = model.lstm_layers if model.cfg.has_lstm else []
+    if not layers:
+        return f"{model.cfg.family}: no recurrent sublayer, so no transitions to read"
+    cell = getattr(model.cfg, "rnn", "lstm")
+    if cell != "ssm":
+        return (f"{cell}: a non-linear cell's step depends on its state, so it has no per-token transition; "
+                "this analysis reads the diagonal transitions of an SSM (model.rnn=ssm)")
+    return None
+
+
+def _circ_mean(phase: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Circular mean (wrapped to (-pi, pi]) and circular spread sqrt(-2 ln R) over the first dimension."""
+    c, s = torch.cos(phase).mean(0), torch.sin(phase).mean(0)
+    r = torch.sqrt(c * c + s * s).clamp(max=1.0)
+    return torch.atan2(s, c), torch.sqrt((-2 * torch.log(r.clamp(min=1e-12))).clamp(min=0))
+
+
+@torch.no_grad()
+def measure_transitions(model: HookedSequenceModel, task: TaskConfig, length: int, n_samples: int = 64,
+                        seed: int = 0) -> pd.DataFrame:
+    """One row per (block, channel, token) over the stream positions of ``n_samples`` sequences of ``length``:
+    ``block, channel, token`` (the stream token's id; numbers are 0..m-1), ``kind`` (number | other),
+    ``modulus`` (mean |a_t|), ``phase`` (circular mean of arg a_t, in (-pi, pi]), ``phase_spread`` (circular
+    standard deviation), ``modulus_sd``, ``b`` (mean input gate), ``n`` (positions)."""
+    reason = not_applicable(model)
+    if reason:
+        raise ProbeError(reason)
+    batch = task.sample(length, n_samples, seed)
+    device = next(model.parameters()).device
+    tokens = batch.tokens.to(device)
+    layers = model.lstm_layers
+    names = [f"blocks.{i}.lstm.hook_{g}" for i, layer in enumerate(layers) for g in layer.GATES]
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    stream = tokens[:, task.prefix_len:].reshape(-1).cpu()
+    rows: list[dict[str, Any]] = []
+    for i, layer in enumerate(layers):
+        a = cache[f"blocks.{i}.lstm.hook_a"][:, task.prefix_len:].float().reshape(-1, layer.k).cpu()
+        b = cache[f"blocks.{i}.lstm.hook_b"][:, task.prefix_len:].float().reshape(-1, layer.k).cpu()
+        if layer.complex:
+            modulus = a
+            phase = cache[f"blocks.{i}.lstm.hook_theta"][:, task.prefix_len:].float().reshape(-1, layer.k).cpu()
+        else:
+            modulus, phase = a.abs(), torch.where(a < 0, math.pi, 0.0)
+        for tok in stream.unique().tolist():
+            at = stream == tok
+            mean_phase, spread = _circ_mean(phase[at])
+            mod = modulus[at]
+            for c in range(layer.k):
+                rows.append({"block": i, "channel": c, "token": int(tok), "kind": "number" if tok < task.m else "other",
+                             "modulus": float(mod[:, c].mean()), "modulus_sd": float(mod[:, c].std(unbiased=False)),
+                             "phase": float(mean_phase[c]), "phase_spread": float(spread[c]),
+                             "b": float(b[at][:, c].mean()), "n": int(at.sum())})
+    return pd.DataFrame(rows)
+
+
+def _wrap(x: np.ndarray) -> np.ndarray:
+    return (x + np.pi) % (2 * np.pi) - np.pi
+
+
+def channel_table(transitions: pd.DataFrame, m: int, train_length: int) -> pd.DataFrame:
+    """Per (block, channel): the k in 0..m-1 whose rotation 2 pi k d / m fits the number tokens' mean phases best,
+    its ``order`` (m / gcd(k, m); 1: no counting), ``phase_error`` (the largest circular distance over tokens,
+    numbers against 2 pi k d / m, other tokens against 0), ``min_modulus``, ``drift_steps`` = (pi / m) /
+    phase_error, ``fade_steps`` = ln 2 / -ln(min_modulus), ``horizon`` = the smaller, ``counts_beyond`` (horizon
+    >= HORIZON x L_train and order > 1) and ``b`` (mean input gate over tokens)."""
+    rows = []
+    ks = np.arange(m)
+    for (block, channel), g in transitions.groupby(["block", "channel"], sort=True):
+        num = g[g.kind == "number"].sort_values("token")
+        other = g[g.kind == "other"]
+        d = num.token.to_numpy()
+        target = 2 * np.pi * np.outer(ks, d) / m  # (k, tokens)
+        err_num = np.abs(_wrap(num.phase.to_numpy()[None, :] - target)).max(axis=1)
+        err_other = float(np.abs(_wrap(other.phase.to_numpy())).max()) if len(other) else 0.0
+        errors = np.maximum(err_num, err_other)
+        k = int(errors.argmin())
+        order = m // math.gcd(k, m)
+        error = float(errors[k])
+        min_mod = float(g.modulus.min())
+        drift = math.inf if error == 0 else (math.pi / m) / error
+        fade = math.inf if min_mod >= 1 else math.log(2) / -math.log(max(min_mod, 1e-300))
+        horizon = min(drift, fade)
+        rows.append({"block": int(block), "channel": int(channel), "k": k, "order": order, "phase_error": error,
+                     "min_modulus": min_mod, "drift_steps": drift, "fade_steps": fade, "horizon": horizon,
+                     "counts_beyond": bool(order > 1 and horizon >= HORIZON * train_length),
+                     "b": float(g.b.mean())})
+    return pd.DataFrame(rows)
+
+
+def summarize(channels: pd.DataFrame, m: int, train_length: int) -> pd.DataFrame:
+    """Per block and order o > 1 dividing m: channels that count mod o beyond HORIZON x L_train, and the longest
+    horizon of any channel of that order."""
+    rows = []
+    for block, g in channels.groupby("block"):
+        for o in sorted({m // math.gcd(k, m) for k in range(1, m)}):
+            part = g[g.order == o]
+            rows.append({"block": int(block), "order": o, "channels": int(part.counts_beyond.sum()),
+                         "of": int(len(g)), "best_horizon": float(part.horizon.max()) if len(part) else 0.0,
+                         "beyond": HORIZON * train_length})
+    return pd.DataFrame(rows)
+
+
+# --- controls -------------------------------------------------------------------------------------------------------
+def known_rotation_check(model: HookedSequenceModel, task: TaskConfig, length: int, seed: int = 0) -> dict[str, Any]:
+    """Instrument check: a copy of ``model`` whose block-0 SSM channel 0 is set by hand to a known transition, the
+    best its range allows: ``complex``, the exact rotation exp(2 pi i d / m) on number d (expect k = 1, order m);
+    ``negative``, a flip on odd numbers (expect k = m / 2, order 2); ``positive``, the identity (expect order 1);
+    and on every other token the identity. The method must find that k and a horizon beyond 16 x L_train.
+    Catches: gates read from the wrong hook or position (an off-by-one against the tokens), a mis-wrapped phase,
+    a wrong k search, a modulus read wrongly."""
+    import copy
+
+    model = copy.deepcopy(model)
+    kind = model.lstm_layers[0].kind
+    expect = {"complex": 1, "negative": task.m // 2, "positive": 0}[kind]
+    _set_known(model, task, channel=0)
+    tr = measure_transitions(model, task, length, n_samples=8, seed=seed)
+    ch = channel_table(tr[tr.block == 0], task.m, task.train_length)
+    row = ch[ch.channel == 0].iloc[0]
+    horizon = row.fade_steps if kind == "positive" else row.horizon
+    ok = row.k == expect and horizon >= 16 * task.train_length
+    return check_row("known_rotation", INSTRUMENT, bool(ok), range=kind, k=int(row.k), expected_k=expect,
+                     order=int(row.order), phase_error=float(row.phase_error), horizon=float(horizon))
+
+
+@torch.no_grad()
+def _set_known(model: HookedSequenceModel, task: TaskConfig, channel: int) -> None:
+    """Set block 0's SSM channel ``channel`` as ``known_rotation_check`` describes. Block 0's SSM sees each token
+    as LayerNorm(embedding), so a row of in_proj that should take given values on given tokens is solved for by
+    least squares on those inputs (exact: more dimensions than tokens)."""
+    layer = model.lstm_layers[0]
+    x = model.blocks[0].ln_lstm(model.embed.weight.detach()[None].float())[0]  # (vocab, d)
+    design = torch.cat([x, torch.ones(x.shape[0], 1, device=x.device)], dim=1)
+    digits = torch.arange(x.shape[0], device=x.device)
+    numbers = digits < task.m
+
+    def solve(row: int, target: torch.Tensor) -> None:
+        sol = torch.linalg.lstsq(design.double(), target.double()[:, None]).solution[:, 0].float()
+        layer.in_proj.weight[row] = sol[:-1]
+        layer.in_proj.bias[row] = sol[-1]
+
+    # the step-size row: softplus(-30) ~ 1e-13, modulus 1 to float precision; +30: the largest step (|a| = e^-8)
+    keep = torch.full((x.shape[0],), -30.0, device=x.device)
+    if layer.kind == "negative" and task.m % 2 == 0:
+        keep = torch.where(numbers & (digits % 2 == 1), 30.0, -30.0)  # a = 2 e^-8 - 1 on odd numbers: a flip
+    solve(channel, keep)
+    if layer.complex:
+        phase = torch.where(numbers, 2 * math.pi * digits / task.m, 0.0)
+        solve(layer.k + channel, phase)
+
+
+def reinitialised(model: HookedSequenceModel, seed: int = 0) -> HookedSequenceModel:
+    """A copy of ``model`` with every SSM re-initialised as a new one would be (seeded by ``seed``)."""
+    import copy
+
+    fresh = copy.deepcopy(model)
+    torch.manual_seed(10_000 + seed)
+    for layer in fresh.lstm_layers:
+        new = type(layer)(layer.in_proj.in_features, layer.n_state, layer.kind)
+        layer.load_state_dict(new.to(next(model.parameters()).device).state_dict())
+    return fresh
+
+
+def reinit_control(model: HookedSequenceModel, task: TaskConfig, length: int, channels: pd.DataFrame,
+                   seed: int = 0) -> dict[str, Any]:
+    """Control: the same architecture with its SSMs re-initialised (seeded). A claim that the trained model's
+    channels count beyond the training range is only worth something if the untrained ones do not: passed when
+    the trained model's longest horizon of a counting channel (order > 1) is at least twice the re-initialised
+    one's. Fails on a method that reports long horizons whatever the weights (e.g. a modulus read as 1)."""
+    tr = measure_transitions(reinitialised(model, seed), task, length, n_samples=16, seed=seed)
+    base = channel_table(tr, task.m, task.train_length)
+    trained_best = float(channels[channels.order > 1].horizon.max()) if (channels.order > 1).any() else 0.0
+    fresh_best = float(base[base.order > 1].horizon.max()) if (base.order > 1).any() else 0.0
+    return check_row("reinit", CONTROL, bool(trained_best > 0 and trained_best >= 2 * fresh_best),
+                     trained_best_horizon=trained_best, reinit_best_horizon=fresh_best)
+
+
+def shuffled_digits_control(transitions: pd.DataFrame, channels: pd.DataFrame, m: int, train_length: int,
+                            seed: int = 0) -> dict[str, Any]:
+    """Control: the same transitions with the number tokens' identities permuted (a seeded derangement of 0..m-1).
+    The k search has m candidates per channel and could fit a phase pattern by chance; a real counter's fit must
+    be far better than a scrambled pattern's: passed when the best counting horizon is at least twice the
+    scrambled one's. Fails on a method that fits each token's phase freely, or finds counting in any pattern."""
+    g = torch.Generator().manual_seed(20_000 + seed)
+    while True:
+        perm = torch.randperm(m, generator=g).tolist()
+        if all(p != i for i, p in enumerate(perm)):
+            break
+    scrambled = transitions.copy()
+    numbers = scrambled.kind == "number"
+    scrambled.loc[numbers, "token"] = scrambled.loc[numbers, "token"].map(dict(enumerate(perm)))
+    base = channel_table(scrambled, m, train_length)
+    trained_best = float(channels[channels.order > 1].horizon.max()) if (channels.order > 1).any() else 0.0
+    shuffled_best = float(base[base.order > 1].horizon.max()) if (base.order > 1).any() else 0.0
+    return check_row("shuffled_digits", CONTROL, bool(trained_best > 0 and trained_best >= 2 * shuffled_best),
+                     trained_best_horizon=trained_best, shuffled_best_horizon=shuffled_best, permutation=perm)
+
+
+# --- one checkpoint -------------------------------------------------------------------------------------------------
+@dataclass
+class TransitionResult:
+    """``transitions`` (per block, channel, token), ``channels`` (per block and channel), ``summary`` (per block
+    and order), ``controls`` (rows), ``note`` (why it does not apply, else None)."""
+
+    checkpoint: str
+    label: str
+    seed: int | None
+    transitions: pd.DataFrame = field(default_factory=pd.DataFrame)
+    channels: pd.DataFrame = field(default_factory=pd.DataFrame)
+    summary: pd.DataFrame = field(default_factory=pd.DataFrame)
+    controls: list[dict[str, Any]] = field(default_factory=list)
+    note: str | None = None
+
+
+def analyze(path: str | Path, length: int | None = None, n_samples: int = 64, seed: int = 0,
+            device: str = "cpu", controls: bool = True) -> TransitionResult:
+    """The transitions of one checkpoint's SSMs at ``length`` (default L_train), with the known-rotation instrument
+    check and the re-initialisation control."""
+    from probe.checkpoint import load_checkpoint
+    from probe.core.meta import variant_name
+
+    ckpt = load_checkpoint(path)
+    model, task = ckpt.build_model(device).eval(), ckpt.task_config
+    out = TransitionResult(str(path), variant_name(ckpt), ckpt.seed)
+    out.note = not_applicable(model)
+    if out.note:
+        return out
+    length = length or task.train_length
+    out.transitions = measure_transitions(model, task, length, n_samples, seed)
+    out.channels = channel_table(out.transitions, task.m, task.train_length)
+    out.summary = summarize(out.channels, task.m, task.train_length)
+    if controls:
+        out.controls = [known_rotation_check(model, task, length, seed),
+                        reinit_control(model, task, length, out.channels, seed),
+                        shuffled_digits_control(out.transitions, out.channels, task.m, task.train_length, seed)]
+    return out
+
+
+def plot_channels(results: list[TransitionResult]) -> Figure:
+    """Per checkpoint and block: each channel's horizon (log scale) against its order, the HORIZON x L_train line."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    shown = [r for r in results if not r.note]
+    fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(3.6 * max(1, len(shown)), 3.2), squeeze=False,
+                             sharey=True)
+    for ax, r in zip(axes[0], shown, strict=False):
+        ch = r.channels.assign(horizon=r.channels.horizon.clip(upper=1e6))
+        sns.stripplot(ch, x="order", y="horizon", hue="block", dodge=True, size=3, ax=ax, palette="colorblind")
+        ax.set_yscale("log")
+        ax.axhline(float(r.summary.beyond.iloc[0]), color="0.3", ls="--", lw=0.8)
+        ax.set(title=f"{r.label} (seed {r.seed})", xlabel="order of the fitted rotation",
+               ylabel="horizon (steps)")
+    fig.suptitle("SSM channels: the cyclic group each channel's transitions fit, and for how many steps "
+                 "(dashed: 4 x L_train)", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------------
+_HELP_JSON = """JSON (--json): results rows with checkpoint, label, seed and metric:
+  channel: block, channel, k, order (m / gcd(k, m); 1 = no counting), phase_error (rad), min_modulus, drift_steps,
+    fade_steps, horizon (the smaller), counts_beyond (order > 1 and horizon >= 4 L_train), b (mean input gate);
+  summary: block, order, channels (counting beyond 4 L_train), of, best_horizon, beyond;
+  transition (--tokens): block, channel, token, kind (number|other), modulus, modulus_sd, phase, phase_spread, b, n.
+controls rows: known_rotation (instrument: a hand-set transition, the best the range allows, must come back as its
+k and order); reinit (control: the trained model's best counting horizon must be positive and at least twice a
+re-initialised SSM's); shuffled_digits (control: and at least twice that of its own transitions with the numbers'
+identities permuted).
+A checkpoint whose cell is not an SSM gives one line (notes) and no rows."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = make_parser("python -m probe.transitions", __doc__.split("\n\n")[0], _HELP_JSON)
+    add_checkpoints(parser)
+    add_lengths(parser, "L_train")
+    add_samples(parser, 64)
+    parser.add_argument("--tokens", action="store_true", help="also every (block, channel, token) transition row")
+    parser.add_argument("--no-controls", action="store_true", help="skip the instrument check and the control")
+    add_threads(parser, default=1)
+    add_common_args(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body(args: argparse.Namespace) -> dict[str, Any]:
+        from probe.checkpoint import load_checkpoint, resolve_checkpoints
+
+        seed_and_threads(args)
+        paths = resolve_checkpoints(args.checkpoints)
+        for p in paths:
+            load_checkpoint(p)  # every file readable before any work
+        if args.lengths and len(args.lengths) != 1:
+            raise ProbeError(f"--lengths: give one length, got {len(args.lengths)}")
+        length = args.lengths[0] if args.lengths else None
+        device = str(resolve_device(args.device))
+        results, rows, controls, notes = [], [], [], []
+        for path in paths:
+            r = analyze(path, length, args.samples, args.seed, device, controls=not args.no_controls)
+            results.append(r)
+            meta = {"checkpoint": r.checkpoint, "label": r.label, "seed": r.seed}
+            if r.note:
+                notes.append(f"{path}: {r.note}")
+                print(f"{path}: {r.note}", file=sys.stderr)
+                continue
+            rows += [{**meta, "metric": "channel", **c} for c in r.channels.to_dict("records")]
+            rows += [{**meta, "metric": "summary", **c} for c in r.summary.to_dict("records")]
+            if args.tokens:
+                rows += [{**meta, "metric": "transition", **c} for c in r.transitions.to_dict("records")]
+            controls += [{**meta, **c} for c in r.controls]
+            say(args, f"{path}: {r.label}, seed {r.seed}: channels that count mod o beyond "
+                      f"{HORIZON} x L_train, per block")
+            say(args, r.summary.to_string(index=False))
+        result = envelope("transitions", [str(p) for p in paths], rows, controls, notes=notes)
+        if args.out and any(not r.note for r in results):
+            write_outputs(args.out, result, {"transitions.png": plot_channels(results)})
+        elif args.out:
+            write_outputs(args.out, result, {})
+        return result
+
+    return run_cli(build_parser(), body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""probe.transitions: the SSM's per-token transitions, which channels count modulo what, and its checks."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from probe.checkpoint import checkpoint_from_model, save_checkpoint
+from probe.tasks import make_task
+from probe.transitions import (
+    _set_known,
+    analyze,
+    channel_table,
+    known_rotation_check,
+    main,
+    measure_transitions,
+    not_applicable,
+    reinit_control,
+    reinitialised,
+)
+
+from conftest import tiny_model
+
+TASK = make_task("interleaved", train_length=5)
+
+
+def ssm(kind: str, seed: int = 0):
+    # d_model above the vocabulary, so that a row of in_proj can take any value on every token (the hand-set cases)
+    return tiny_model("hybrid", TASK.vocab_size, seed=seed, d_model=48, rnn="ssm", ssm_range=kind)
+
+
+@pytest.mark.parametrize("kind, k, order", [("complex", 1, 10), ("negative", 5, 2), ("positive", 0, 1)])
+def test_a_hand_set_transition_comes_back_as_its_group_element(kind, k, order):
+    model = ssm(kind)
+    _set_known(model, TASK, channel=0)
+    ch = channel_table(measure_transitions(model, TASK, 12, n_samples=8), TASK.m, TASK.train_length)
+    row = ch[(ch.block == 0) & (ch.channel == 0)].iloc[0]
+    assert row.k == k and row.order == order and row.phase_error < 1e-3
+    assert row.fade_steps > 16 * TASK.train_length
+    assert bool(row.counts_beyond) == (order > 1)
+    assert known_rotation_check(ssm(kind), TASK, 12)["passed"]
+
+
+def test_block0_transitions_are_a_function_of_the_token_and_later_ones_are_not():
+    tr = measure_transitions(ssm("complex"), TASK, 15, n_samples=16)
+    assert tr[tr.block == 0].phase_spread.max() < 1e-3 and tr[tr.block == 0].modulus_sd.max() < 1e-5
+    assert tr[tr.block == 1].phase_spread.max() > 1e-3  # block 1 reads attention's output: context moves it
+    assert set(tr.kind) == {"number", "other"} and (tr.n > 0).all()
+
+
+def test_the_instrument_check_catches_a_phase_read_with_the_wrong_sign(monkeypatch):
+    import probe.transitions as tr
+
+    real = tr._circ_mean
+    monkeypatch.setattr(tr, "_circ_mean", lambda phase: (lambda m, s: (-m, s))(*real(phase)))
+    row = known_rotation_check(ssm("complex"), TASK, 12)
+    assert not row["passed"] and row["k"] == 9  # exp(-2 pi i d / 10): the inverse rotation
+
+
+def test_the_instrument_check_catches_tokens_read_one_position_off(monkeypatch):
+    import probe.transitions as tr
+
+    model = ssm("complex")
+    real = model.run_with_cache
+
+    def shifted(tokens, **kw):  # gates of position t labelled with the token at t + 1
+        return real(torch.roll(tokens, -1, dims=1), **kw)
+
+    monkeypatch.setattr(model, "run_with_cache", shifted)
+    assert not tr.known_rotation_check(model, TASK, 12)["passed"]
+
+
+def test_reinit_control_fails_on_a_model_that_is_its_own_reinitialisation_and_passes_a_counter():
+    model = ssm("complex")
+    fresh = reinitialised(model, seed=3)
+    ch = channel_table(measure_transitions(fresh, TASK, 12, n_samples=8), TASK.m, TASK.train_length)
+    assert not reinit_control(fresh, TASK, 12, ch, seed=3)["passed"]  # equal horizons: not twice
+    _set_known(model, TASK, channel=0)
+    ch = channel_table(measure_transitions(model, TASK, 12, n_samples=8), TASK.m, TASK.train_length)
+    assert reinit_control(model, TASK, 12, ch, seed=3)["passed"]
+
+
+def test_shuffled_digits_control_passes_a_counter_and_fails_a_method_that_fits_any_pattern(monkeypatch):
+    import probe.transitions as tr
+
+    model = ssm("complex")
+    _set_known(model, TASK, channel=0)
+    transitions = measure_transitions(model, TASK, 12, n_samples=8)
+    ch = channel_table(transitions, TASK.m, TASK.train_length)
+    assert tr.shuffled_digits_control(transitions, ch, TASK.m, TASK.train_length)["passed"]
+    # a broken channel table that calls every channel a perfect Z_10 counter, whatever its phases
+    broken = lambda t, m, lt: channel_table(t, m, lt).assign(order=m, horizon=1e9)  # noqa: E731
+    monkeypatch.setattr(tr, "channel_table", broken)
+    assert not tr.shuffled_digits_control(transitions, broken(transitions, 10, 5), TASK.m, TASK.train_length)["passed"]
+
+
+@pytest.mark.parametrize("kw", [dict(rnn="lstm"), dict(rnn="gru")])
+def test_cells_without_a_per_token_transition_say_so_in_one_line(kw):
+    note = not_applicable(tiny_model("hybrid", TASK.vocab_size, **kw))
+    assert note and "\n" not in note and "SSM" in note
+
+
+def test_cli_json_and_a_non_ssm_checkpoint_exit_0_with_a_note(tmp_path, capsys):
+    paths = []
+    for name, model in (("ssm", ssm("complex")), ("lstm", tiny_model("hybrid", TASK.vocab_size))):
+        paths.append(save_checkpoint(tmp_path / f"{name}.pt", checkpoint_from_model(
+            model, TASK, train_config={"seed": 0, "schedule": {"kind": "joint"}})))
+    assert main([str(p) for p in paths] + ["--samples", "8", "--json"]) == 0
+    captured = capsys.readouterr()
+    obj = json.loads(captured.out)
+    assert "lstm.pt" in captured.err and len(obj["notes"]) == 1
+    metrics = {r["metric"] for r in obj["results"]}
+    assert metrics == {"channel", "summary"}
+    assert {c["control"] for c in obj["controls"]} == {"known_rotation", "reinit", "shuffled_digits"}
+    assert {c["kind"] for c in obj["controls"]} == {"instrument", "control"}
+    channels = [r for r in obj["results"] if r["metric"] == "channel"]
+    assert len(channels) == 2 * 24 and all(r["checkpoint"] == str(paths[0]) for r in channels)
+    assert main([str(paths[0]), "--lengths", "5,10"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
+
+
+def test_analyze_of_a_hand_set_counter_reports_it_in_the_summary(tmp_path):
+    model = ssm("complex")
+    _set_known(model, TASK, channel=0)
+    path = save_checkpoint(tmp_path / "c.pt", checkpoint_from_model(
+        model, TASK, train_config={"seed": 0, "schedule": {"kind": "joint"}}))
+    r = analyze(path, n_samples=8)
+    row = r.summary[(r.summary.block == 0) & (r.summary.order == 10)].iloc[0]
+    assert row.channels >= 1 and row.best_horizon > 16 * TASK.train_length and math.isfinite(row.beyond)
+    assert all(c["passed"] for c in r.controls)
