@@ -161,11 +161,24 @@ def _accuracy(i: Inputs) -> Figure:
 
 
 def _recurrence(i: Inputs) -> Figure:
-    from probe.sweep.aggregate import aggregate
+    from probe.results import load_curves
+    from probe.sweep.aggregate import _bands, aggregate
     from probe.sweep.plots import plot_by_cell
 
     report = aggregate(i.results / "recurrent")
-    return plot_by_cell(report.curves, report.bands)
+    curves = report.curves
+    # the LSTM's own runs, for reference (evaluated to 4x only): the reproduction's LSTM, the mechanism grid's hybrids
+    refs = [(i.results / "reproduction", {"lstm": "lstm"}),
+            (i.results / "mechanism", {"joint": "hybrid-lstm-joint", "dat": "hybrid-lstm-dat"})]
+    extra = []
+    for path, names in refs:
+        if (path / "runs.jsonl").is_file():
+            c = load_curves(path)
+            c = c[c.variant.isin(names)]
+            extra.append(c.assign(variant=c.variant.map(names)))
+    if extra:
+        curves = pd.concat([*extra, curves], ignore_index=True)
+    return plot_by_cell(curves, _bands(curves, list(dict.fromkeys(curves.variant))))
 
 
 def _grad_training(i: Inputs) -> Figure:
@@ -231,12 +244,13 @@ FIGURES: list[FigureSpec] = [
                "python scripts/ship.py (python -m probe.evaluate runs/*/seed*/final.pt --lengths 1:100)",
                "results/reproduction/ (all seeds)", _accuracy),
     FigureSpec("which_recurrence",
-               "State accuracy vs stream length (log axis, to 16x L_train) for each recurrent cell other than the "
-               "LSTM, alone and in the 2-block hybrid trained jointly or with DAT (and with stopgrad-rnn where "
-               "joint falls off): mean over seeds (thick), 95% t-interval (band), each seed (thin); top row the "
-               "state mod 10, bottom row its parity (mod 2); dotted: chance; shaded: training lengths 1-25.",
+               "State accuracy vs stream length (log axis, to 16x L_train) for each recurrent cell, alone and in the "
+               "2-block hybrid trained jointly or with DAT (and with stopgrad-rnn where joint falls off): mean over "
+               "seeds (thick), 95% t-interval (band), each seed (thin); top row the state mod 10, bottom row its "
+               "parity (mod 2); dotted: chance; shaded: training lengths 1-25. The LSTM column is the reproduction's "
+               "LSTM and the mechanism grid's joint and DAT hybrids, evaluated to 4x only.",
                "python -m probe.sweep results/recurrent --report",
-               "results/recurrent/ (sweeps/recurrent.toml)", _recurrence, needs="recurrent"),
+               "results/{recurrent,reproduction,mechanism}/", _recurrence, needs="recurrent"),
     FigureSpec("gradient_interference",
                "Gradient interference over training, joint vs DAT (the shipped trajectories): |g_att|/|g| and "
                "the cosines of the attention-path gradient on the LSTM weights with the recurrent-path gradient of "

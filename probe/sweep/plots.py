@@ -99,6 +99,7 @@ def plot_by_cell(curves: pd.DataFrame, bands: pd.DataFrame,
             ax.axvspan(1, lt, color="0.85", alpha=0.5, lw=0)
             ax.axhline(1 / q, color="0.4", lw=0.8, ls=":")
             ax.set_xscale("log")
+            ax.set_xlim(max(1.0, lt / 5), float(curves.length.max()) * 1.05)
             ax.set(ylim=(-0.02, 1.02), xlabel="stream length L" if i == len(rows) - 1 else None,
                    ylabel=title if j == 0 else None, title=cell if i == 0 else None)
             if i == 0:
