@@ -139,7 +139,43 @@ def recurrent_compare(root: Path) -> str:
                       "min. p", "Holm p", "verdict"], rows))
 
 
+def recurrent_transitions(root: Path) -> str:
+    """docs/recurrent.md: per SSM variant, how many seeds have a channel that counts mod 2, 5 or 10 beyond 4 x
+    L_train (``probe.transitions``, any block), the longest drift horizon of such a channel per seed, and the state
+    accuracy at 16x of the seeds with a Z_10 channel and of those without."""
+    path = root / "results" / GRID / "transitions.csv"
+    tr = pd.read_csv(path)
+    grid = _grid(root, GRID)
+    acc = grid.runs.set_index(["variant", "seed"])
+    rows = []
+    for variant in [v for v in grid.variants if v in set(tr.variant)]:
+        t = tr[tr.variant == variant]
+        per_seed = t.groupby(["seed", "order"]).agg(channels=("channels", "sum"), best=("best_horizon", "max"))
+        seeds = sorted(t.seed.unique())
+        cells = [f"`{variant}`", len(seeds)]
+        for order in (2, 5, 10):
+            part = per_seed.xs(order, level="order")
+            cells.append(f"{int((part.channels > 0).sum())} of {len(seeds)}")
+        z10 = per_seed.xs(10, level="order")
+        cells.append(" / ".join(f"{b:.0f}" for b in z10.best))
+        with_z10 = [acc.loc[(variant, s), "state_acc_16x"] for s in seeds if z10.loc[s, "channels"] > 0]
+        without = [acc.loc[(variant, s), "state_acc_16x"] for s in seeds if z10.loc[s, "channels"] == 0]
+        cells += [per_seed_or_dash(with_z10), per_seed_or_dash(without)]
+        claimed = t[t.channels > 0]
+        checks = claimed[["known_rotation", "reinit", "shuffled_digits"]]
+        cells.append("–" if claimed.empty else "all passed" if checks.all().all() else "see transitions.csv")
+        rows.append(cells)
+    return _table(["variant", "seeds", "a Z_2 channel", "a Z_5 channel", "a Z_10 channel",
+                   "longest Z_10 drift horizon, each seed (steps)", "state 16x, seeds with a Z_10 channel",
+                   "state 16x, seeds without", "checks of the seeds with a counting channel"], rows)
+
+
+def per_seed_or_dash(values: list[float]) -> str:
+    return per_seed(values) if values else "–"
+
+
 BLOCKS = {
+    "recurrent-transitions": recurrent_transitions,
     "recurrent-short": recurrent_short,
     "recurrent-seeds": recurrent_seeds,
     "recurrent-compare": recurrent_compare,
