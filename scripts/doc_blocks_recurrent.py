@@ -170,11 +170,48 @@ def recurrent_transitions(root: Path) -> str:
                    "state 16x, seeds without", "checks of the seeds with a counting channel"], rows)
 
 
+def _schedule_of(checkpoint: str) -> str:
+    return cell_and_schedule(Path(checkpoint).parent.parent.name)[1]
+
+
+def recurrent_shortcuts(root: Path) -> str:
+    """docs/recurrent.md: shortcut tests of the complex SSM's joint and DAT hybrids (seed 0): the state accuracy
+    each block's attention carries (knock-out drop with its 95 % interval) and the answers a sum-preserving
+    perturbation of the last 3 numbers changes (an exact tracker changes none), by length."""
+    import json
+
+    data = json.loads((root / "results" / GRID / "analyses" / "shortcuts.json").read_text())
+    res = pd.DataFrame(data["results"])
+    res["schedule"] = res.checkpoint.map(_schedule_of)
+    rows = []
+    for schedule in ("joint", "dat"):
+        part = res[res.schedule == schedule]
+        ko = part[(part.test == "attention_knockout") & (part.subtask == "state")]
+        sp = part[(part.test == "sum_preserving") & (part.k == 3)]
+        for length in sorted(ko.length.dropna().unique()):
+            at = ko[ko.length == length].set_index("blocks")
+            s3 = sp[sp.length == length]
+
+            def drop(b: str, at=at) -> str:
+                r = at.loc[b]
+                return f"{100 * r.effect:.1f} [{100 * r.ci_low:.1f}, {100 * r.ci_high:.1f}]"
+
+            changed = (f"{100 * s3.effect.iloc[0]:.1f} [{100 * s3.ci_low.iloc[0]:.1f}, {100 * s3.ci_high.iloc[0]:.1f}]"
+                       if len(s3) else "–")
+            rows.append([schedule, int(length), pct(at.loc["0"].baseline_acc), drop("0"), drop("1"), changed])
+    checks = pd.DataFrame(data["controls"])
+    inst = checks[checks.kind == "instrument"]
+    return (_table(["schedule", "length", "state accuracy", "drop, attention 0 off", "drop, attention 1 off",
+                    "answers changed by a sum-preserving edit of the last 3 numbers"], rows)
+            + f"\n\nInstrument checks: {int(inst.passed.sum())} of {len(inst)} passed.")
+
+
 def per_seed_or_dash(values: list[float]) -> str:
     return per_seed(values) if values else "–"
 
 
 BLOCKS = {
+    "recurrent-shortcuts": recurrent_shortcuts,
     "recurrent-transitions": recurrent_transitions,
     "recurrent-short": recurrent_short,
     "recurrent-seeds": recurrent_seeds,
