@@ -59,13 +59,19 @@ def recurrent_short(root: Path) -> str:
             schedule = cell_and_schedule(v)[1]
             rows.append([f"`{cell}`", schedule, len(r), mean_ci(r.state_acc_1x), mean_ci(r.state_acc_3x),
                          mean_ci(_col(r, "state_acc_16x").dropna()),
-                         mean_ci(_col(r, "state_mod2_acc_16x").dropna()),
-                         mean_ci(_col(r, "state_mod5_acc_16x").dropna()),
+                         _fewer(_col(r, "state_mod2_acc_16x"), len(r)),
+                         _fewer(_col(r, "state_mod5_acc_16x"), len(r)),
                          mean_ci(r.recall_acc_3x) if schedule != "alone" else pct(r.recall_acc_3x.mean()),
                          _solved(r, 3), _solved(r, 16)])
     pc = f"{100 * THRESHOLD:.0f}"
     return _table(["cell", "schedule", "seeds", "state 1x", "state 3x", "state 16x", "parity 16x", "mod 5 16x",
                    "recall 3x", f"seeds > {pc} % at 3x", f"seeds > {pc} % at 16x"], rows)
+
+
+def _fewer(values: pd.Series, n: int) -> str:
+    """``mean_ci`` of the values there are, saying over how many seeds when some runs lack the column."""
+    have = values.dropna()
+    return mean_ci(have) + (f" ({len(have)} seeds)" if 0 < len(have) < n else "")
 
 
 def recurrent_seeds(root: Path) -> str:
