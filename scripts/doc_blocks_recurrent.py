@@ -74,6 +74,32 @@ def _fewer(values: pd.Series, n: int) -> str:
     return mean_ci(have) + (f" ({len(have)} seeds)" if 0 < len(have) < n else "")
 
 
+def _cell(runs: pd.DataFrame, factor: int) -> str:
+    if runs.empty:
+        return "–"
+    values = _col(runs, f"state_acc_{factor}x").dropna()
+    if not len(values):
+        return "–"
+    return f"{pct(values.mean())} ({int((values > THRESHOLD).sum())}/{len(values)})"
+
+
+def recurrent_readme(root: Path) -> str:
+    """README: one row per cell; state accuracy at 3x (and 16x for the hybrids) per schedule: the mean over seeds
+    and, in brackets, how many seeds are above 90 %."""
+    grid = _grid(root, GRID)
+    lstm = [("reproduction", "lstm", "alone"), ("mechanism", "joint", "joint"), ("mechanism", "dat", "dat")]
+    lstm.append(("mechanism", "stopgrad-rnn", "stopgrad-rnn"))
+    by = {s: _runs(_grid(root, name), v) for name, v, s in lstm}
+    rows = [["`lstm`", *(_cell(by[s], 3) for s in ("alone", "joint", "dat", "stopgrad-rnn")), "not evaluated",
+             "not evaluated"]]
+    for cell, variants in _cells(grid.variants):
+        by = {cell_and_schedule(v)[1]: _runs(grid, v) for v in variants}
+        empty = pd.DataFrame()
+        rows.append([f"`{cell}`", *(_cell(by.get(s, empty), 3) for s in ("alone", "joint", "dat", "stopgrad-rnn")),
+                     *(_cell(by.get(s, empty), 16) for s in ("joint", "dat"))])
+    return _table(["cell", "alone, 3x", "joint, 3x", "DAT, 3x", "stopgrad-rnn, 3x", "joint, 16x", "DAT, 16x"], rows)
+
+
 def recurrent_seeds(root: Path) -> str:
     """docs/recurrent.md: every seed, state accuracy at 3x, 4x and 16x and the sequence accuracy at 3x."""
     grid = _grid(root, GRID)
@@ -217,6 +243,7 @@ def per_seed_or_dash(values: list[float]) -> str:
 
 
 BLOCKS = {
+    "recurrent-readme": recurrent_readme,
     "recurrent-shortcuts": recurrent_shortcuts,
     "recurrent-transitions": recurrent_transitions,
     "recurrent-short": recurrent_short,

@@ -36,7 +36,8 @@ def test_committed_text_matches_results():
 
 def test_readme_is_a_front_page():
     text = (ROOT / "README.md").read_text()
-    assert len(text.splitlines()) <= 160
+    # a front page: the three studies' headline tables, the box and the links; details live in docs/
+    assert len(text.splitlines()) <= 180
     for doc in re.findall(r"\]\((docs/[\w.-]+\.md)", text):
         assert (ROOT / doc).is_file(), f"README links to a missing {doc}"
 
