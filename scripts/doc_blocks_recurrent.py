@@ -238,11 +238,26 @@ def recurrent_shortcuts(root: Path) -> str:
             + f"\n\nInstrument checks: {int(inst.passed.sum())} of {len(inst)} passed.")
 
 
+def recurrent_probes(root: Path) -> str:
+    """docs/recurrent.md: the probes' verdicts on the complex SSM's joint and DAT hybrids (seed 0), per block and
+    length: best probe accuracy for s_t, the whole-state interchange (later answers that follow the source), and
+    the verdict ``probe.probes`` draws from them and its controls."""
+    v = pd.read_csv(root / "results" / GRID / "analyses" / "probes_verdicts.csv")
+    rows = []
+    for r in v.itertuples():
+        block = "both" if r.block < 0 else str(r.block)
+        rows.append([f"`{r.label}`", block, int(r.length), r.test_positions, pct(r.probe_acc), pct(r.control_acc),
+                     pct(r.iia_full), pct(r.same_sum_changed), r.verdict])
+    return _table(["model", "block", "length", "positions", "probe for s_t", "probe for the permuted-sum control",
+                   "whole-state interchange followed", "changed by a same-sum source", "verdict"], rows)
+
+
 def per_seed_or_dash(values: list[float]) -> str:
     return per_seed(values) if values else "–"
 
 
 BLOCKS = {
+    "recurrent-probes": recurrent_probes,
     "recurrent-readme": recurrent_readme,
     "recurrent-shortcuts": recurrent_shortcuts,
     "recurrent-transitions": recurrent_transitions,
