@@ -139,6 +139,15 @@ PRESETS.update({name: _with_cell(base, fields) for cell, fields in CELL_MODELS.i
                                    (f"hybrid-{cell}-dat", "hybrid-dat"))})
 
 
+# The paper's depth: 4 blocks of [LN -> recurrent -> LN -> MHA -> LN -> MLP] (probe's block, pre-LayerNorm with a
+# residual add after each sublayer), jointly and with DAT; everything else as the 2-block presets, so that a
+# difference between them is depth's. A search for the paper's cliff to chance starts here (issue: the 4-block
+# regime), e.g. python -m probe.train --preset hybrid-4block-joint --set model.d_model=64 --set train.lr=1e-3.
+PRESETS.update({f"hybrid-4block-{s}": dict(PRESETS[f"hybrid-{s}"], model=dict(PRESETS[f"hybrid-{s}"]["model"],
+                                                                              n_layers=4))
+                for s in ("joint", "dat")})
+
+
 # --- the --set grammar --------------------------------------------------------------------------------------------
 SECTIONS = ("model", "task", "train", "schedule")
 OLD_SCHEDULE_KEYS = ("kind", "stopgrad_scope")

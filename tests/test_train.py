@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -385,6 +386,22 @@ def test_presets_and_lr_schedule():
     cfg = TrainConfig(steps=100, warmup=10, lr=1.0, min_lr_ratio=0.1)
     assert lr_at(cfg, 0) == pytest.approx(0.1) and lr_at(cfg, 10) == pytest.approx(1.0)
     assert lr_at(cfg, 100) == pytest.approx(0.1)
+
+
+def test_four_block_presets_are_the_two_block_ones_with_four_blocks_in_the_paper_s_order():
+    from probe.models import HookedSequenceModel
+
+    for schedule in ("joint", "dat"):
+        m4, t4, c4 = build_configs(f"hybrid-4block-{schedule}")
+        m2, t2, c2 = build_configs(f"hybrid-{schedule}")
+        assert m4.n_layers == 4 and m4 == replace(m2, n_layers=4) and c4 == c2 and t4 == t2
+    model = HookedSequenceModel(replace(build_configs("hybrid-4block-joint")[0], d_model=16, n_heads=2))
+    _, cache = model.run_with_cache(torch.zeros(1, 5, dtype=torch.long))
+    ran = [k for k in cache.keys() if k.startswith("blocks.3.")]  # the cache keeps the order the hooks fired in
+    wanted = ["ln_lstm.hook_normalized", "hook_lstm_out", "ln_attn.hook_normalized", "hook_attn_out",
+              "ln_mlp.hook_normalized", "hook_mlp_out"]
+    assert len(model.blocks) == 4
+    assert sorted(wanted, key=lambda w: ran.index(f"blocks.3.{w}")) == wanted
 
 
 def test_a_short_run_of_the_default_preset_scales_its_switch(tmp_path, capsys):
