@@ -114,6 +114,9 @@ def accuracy_at_length(
         correct = pred == batch.labels
         masks = {**batch.masks, "all": batch.answer_mask}
         hits = dict.fromkeys(masks, correct)
+        if qs and bool((batch.labels[batch.masks["state"]] >= task.m).any()):
+            raise ProbeError(f"--factors: the state answers of task {task.name} are not numbers mod {task.m}, so "
+                             "they have no factors to score")
         for q in qs:
             # a number token congruent to the answer modulo q; anything else (a key, a value) is wrong
             hits[factor_subtask(q)] = (pred < task.m) & (pred % q == batch.labels % q)

@@ -469,7 +469,6 @@ def main(argv: list[str] | None = None) -> int:
         bar = tqdm(specs, unit="figure", file=sys.stderr, disable=quiet)
         for spec in bar:
             bar.set_description(spec.name)
-
             t0 = time.perf_counter()
             fig = spec.make(inputs)
             _without_local_paths(fig, [inputs.checkpoints, inputs.results, REPO])

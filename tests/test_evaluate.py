@@ -251,3 +251,12 @@ def test_factor_accuracy_counts_a_non_number_answer_as_wrong():
 
     acc = accuracy_at_length(KeyAnswerer(task, 0), task, 12, n_samples=16, seed=3, factors=True)
     assert acc["state_mod2"]["token_acc"] == 0.0 and acc["state_mod5"]["token_acc"] == 0.0
+
+
+def test_factors_refuse_a_task_whose_state_answers_are_not_numbers():
+    from probe.errors import ProbeError
+
+    task = make_task("coupled", train_length=5)
+    model = tiny_model("hybrid", task.vocab_size)
+    with pytest.raises(ProbeError, match="not numbers"):
+        accuracy_at_length(model, task, 8, n_samples=4, factors=True)

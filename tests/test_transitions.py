@@ -60,24 +60,35 @@ def test_the_instrument_check_catches_a_phase_read_with_the_wrong_sign(monkeypat
     assert not row["passed"] and row["k"] == 9  # exp(-2 pi i d / 10): the inverse rotation
 
 
-def test_the_instrument_check_catches_tokens_read_one_position_off(monkeypatch):
-    import probe.transitions as tr
-
+@pytest.mark.parametrize("shift, passes", [(0, True), (-1, False)])
+def test_the_instrument_check_catches_tokens_read_one_position_off(monkeypatch, shift, passes):
     model = ssm("complex")
-    real = model.run_with_cache
+    real = type(model).run_with_cache
 
-    def shifted(tokens, **kw):  # gates of position t labelled with the token at t + 1
-        return real(torch.roll(tokens, -1, dims=1), **kw)
+    def shifted(self, tokens, **kw):  # shift -1: the gates of position t labelled with the token at t + 1
+        return real(self, torch.roll(tokens, shift, dims=1), **kw)
 
-    monkeypatch.setattr(model, "run_with_cache", shifted)
-    assert not tr.known_rotation_check(model, TASK, 12)["passed"]
+    # on the class: the check measures a copy of the model, which an instance attribute would not reach
+    monkeypatch.setattr(type(model), "run_with_cache", shifted)
+    assert known_rotation_check(model, TASK, 12)["passed"] == passes
 
 
 def test_reinit_control_fails_on_a_model_that_is_its_own_reinitialisation_and_passes_a_counter():
     model = ssm("complex")
     fresh = reinitialised(model, seed=3)
     ch = channel_table(measure_transitions(fresh, TASK, 12, n_samples=8), TASK.m, TASK.train_length)
-    assert not reinit_control(fresh, TASK, 12, ch, seed=3)["passed"]  # equal horizons: not twice
+    row = reinit_control(fresh, TASK, 12, ch, seed=3)
+    assert not row["passed"] and row["trained_counting"] == row["reinit_counting"] == 0
+    # a broken channel table that calls every channel a counter fails it too: the fresh model "counts" as well
+    broken = ch.assign(counts_beyond=True, order=10, horizon=1e9)
+    import probe.transitions as tr
+
+    real = tr.channel_table
+    try:
+        tr.channel_table = lambda t, m, lt: real(t, m, lt).assign(counts_beyond=True)
+        assert not tr.reinit_control(fresh, TASK, 12, broken, seed=3)["passed"]
+    finally:
+        tr.channel_table = real
     _set_known(model, TASK, channel=0)
     ch = channel_table(measure_transitions(model, TASK, 12, n_samples=8), TASK.m, TASK.train_length)
     assert reinit_control(model, TASK, 12, ch, seed=3)["passed"]
@@ -91,10 +102,13 @@ def test_shuffled_digits_control_passes_a_counter_and_fails_a_method_that_fits_a
     transitions = measure_transitions(model, TASK, 12, n_samples=8)
     ch = channel_table(transitions, TASK.m, TASK.train_length)
     assert tr.shuffled_digits_control(transitions, ch, TASK.m, TASK.train_length)["passed"]
-    # a broken channel table that calls every channel a perfect Z_10 counter, whatever its phases
-    broken = lambda t, m, lt: channel_table(t, m, lt).assign(order=m, horizon=1e9)  # noqa: E731
-    monkeypatch.setattr(tr, "channel_table", broken)
-    assert not tr.shuffled_digits_control(transitions, broken(transitions, 10, 5), TASK.m, TASK.train_length)["passed"]
+    # a broken channel table that calls every channel a perfect Z_10 counter, whatever its phases (infinite
+    # horizons included: inf >= 2 inf must not pass)
+    for h in (1e9, float("inf")):
+        broken = lambda t, m, lt, h=h: channel_table(t, m, lt).assign(order=m, horizon=h)  # noqa: E731
+        monkeypatch.setattr(tr, "channel_table", broken)
+        assert not tr.shuffled_digits_control(transitions, broken(transitions, 10, 5), TASK.m,
+                                              TASK.train_length)["passed"]
 
 
 @pytest.mark.parametrize("kw", [dict(rnn="lstm"), dict(rnn="gru")])
