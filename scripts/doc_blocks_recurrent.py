@@ -50,7 +50,7 @@ def recurrent_short(root: Path) -> str:
                                     ("mechanism", "dat", "dat")):
         r = _runs(_grid(root, name), variant)
         rows.append([f"`lstm` ({name})", schedule, len(r), mean_ci(r.state_acc_1x), mean_ci(r.state_acc_3x),
-                     "not evaluated", "not evaluated", "not evaluated",
+                     "not evaluated", "not evaluated", "not evaluated", "not evaluated", "not evaluated",
                      mean_ci(r.recall_acc_3x) if schedule != "alone" else pct(r.recall_acc_3x.mean()),
                      _solved(r, 3), "not evaluated"])
     for cell, variants in _cells(grid.variants):
@@ -59,12 +59,15 @@ def recurrent_short(root: Path) -> str:
             schedule = cell_and_schedule(v)[1]
             rows.append([f"`{cell}`", schedule, len(r), mean_ci(r.state_acc_1x), mean_ci(r.state_acc_3x),
                          mean_ci(_col(r, "state_acc_16x").dropna()),
+                         _fewer(_col(r, "state_mod2_acc_4x"), len(r)),
+                         _fewer(_col(r, "state_mod5_acc_4x"), len(r)),
                          _fewer(_col(r, "state_mod2_acc_16x"), len(r)),
                          _fewer(_col(r, "state_mod5_acc_16x"), len(r)),
                          mean_ci(r.recall_acc_3x) if schedule != "alone" else pct(r.recall_acc_3x.mean()),
                          _solved(r, 3), _solved(r, 16)])
     pc = f"{100 * THRESHOLD:.0f}"
-    return _table(["cell", "schedule", "seeds", "state 1x", "state 3x", "state 16x", "parity 16x", "mod 5 16x",
+    return _table(["cell", "schedule", "seeds", "state 1x", "state 3x", "state 16x", "parity 4x", "mod 5 4x",
+                   "parity 16x", "mod 5 16x",
                    "recall 3x", f"seeds > {pc} % at 3x", f"seeds > {pc} % at 16x"], rows)
 
 
