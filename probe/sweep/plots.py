@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
+
+
+def _draw_variant(ax: Any, curves: pd.DataFrame, bands: pd.DataFrame, variant: str, subtask: str, color: Any,
+                  label: Callable[[int], str]) -> None:
+    """One variant on one panel: each seed thin, the mean over seeds thick with its 95 % band; ``label`` gets the
+    number of seeds."""
+    part = curves[(curves.variant == variant) & (curves.subtask == subtask)]
+    for _, seed_curve in part.groupby("seed"):
+        ax.plot(seed_curve.length, seed_curve.token_acc, color=color, lw=0.5, alpha=0.45)
+    band = bands[(bands.variant == variant) & (bands.subtask == subtask)]
+    ax.fill_between(band.length, band.ci_low, band.ci_high, color=color, alpha=0.2, lw=0)
+    ax.plot(band.length, band["mean"], color=color, lw=1.7, label=label(part.seed.nunique()))
 
 
 def plot_sweep(curves: pd.DataFrame, bands: pd.DataFrame, subtasks: Sequence[str] = ("state", "recall")) -> Figure:
@@ -24,14 +36,7 @@ def plot_sweep(curves: pd.DataFrame, bands: pd.DataFrame, subtasks: Sequence[str
     fig, axes = plt.subplots(1, len(present), figsize=(5 * len(present), 3.6), sharey=True, squeeze=False)
     for ax, subtask in zip(axes[0], present, strict=True):
         for variant in variants:
-            color = colors[variant]
-            part = curves[(curves.variant == variant) & (curves.subtask == subtask)]
-            for _, seed_curve in part.groupby("seed"):
-                ax.plot(seed_curve.length, seed_curve.token_acc, color=color, lw=0.6, alpha=0.45)
-            band = bands[(bands.variant == variant) & (bands.subtask == subtask)]
-            ax.fill_between(band.length, band.ci_low, band.ci_high, color=color, alpha=0.2, lw=0)
-            ax.plot(band.length, band["mean"], color=color, lw=1.8,
-                    label=f"{variant} ({part.seed.nunique()} seeds)")
+            _draw_variant(ax, curves, bands, variant, subtask, colors[variant], lambda n, v=variant: f"{v} ({n} seeds)")
         lt = int(curves.train_length.max())
         ax.axvspan(1, lt, color="0.85", alpha=0.5, lw=0, label=f"training lengths (1–{lt})")
         ax.set(title=f"{subtask} subtask", xlabel="stream length L (tokens)", ylabel="token accuracy",
@@ -88,14 +93,8 @@ def plot_by_cell(curves: pd.DataFrame, bands: pd.DataFrame,
                 c, schedule = cell_and_schedule(variant)
                 if c != cell:
                     continue
-                color = colors[schedule]
-                part = curves[(curves.variant == variant) & (curves.subtask == subtask)]
-                for _, seed_curve in part.groupby("seed"):
-                    ax.plot(seed_curve.length, seed_curve.token_acc, color=color, lw=0.5, alpha=0.4)
-                band = bands[(bands.variant == variant) & (bands.subtask == subtask)]
-                ax.fill_between(band.length, band.ci_low, band.ci_high, color=color, alpha=0.2, lw=0)
-                ax.plot(band.length, band["mean"], color=color, lw=1.6,
-                        label=f"{schedule} ({part.seed.nunique()})")
+                _draw_variant(ax, curves, bands, variant, subtask, colors[schedule],
+                              lambda n, s=schedule: f"{s} ({n})")
             ax.axvspan(1, lt, color="0.85", alpha=0.5, lw=0)
             ax.axhline(1 / q, color="0.4", lw=0.8, ls=":")
             ax.set_xscale("log")
