@@ -193,7 +193,13 @@ class Trainer:
             ckpt.extra["lstm_adam"] = adam
         save_checkpoint(self.out / "trajectory" / f"step_{self.step:06d}.pt", ckpt)
 
-    def run(self) -> Checkpoint:
+    def run(self, until: int | None = None) -> Checkpoint:
+        """Train to ``cfg.steps``, or stop after step ``until`` of the same run (the learning-rate and attention
+        schedules still span ``cfg.steps``, so the first ``until`` steps are exactly the full run's): then
+        ``last.pt`` holds the state for ``--resume`` and no ``final.pt`` is written."""
+        stop = self.cfg.steps if until is None else min(until, self.cfg.steps)
+        if stop < 0:
+            raise ProbeError(f"until={until}: a run cannot stop before step 0")
         torch.set_num_threads(self.cfg.threads)
         self.out.mkdir(parents=True, exist_ok=True)
         if self.step == 0:
@@ -203,10 +209,10 @@ class Trainer:
         if self.progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=self.cfg.steps, initial=self.step, desc=self.out.name, dynamic_ncols=True)
+            bar = tqdm(total=stop, initial=self.step, desc=self.out.name, dynamic_ncols=True)
         t0 = time.perf_counter()
         run_loss, run_acc = self.running.get("loss"), self.running.get("acc")
-        while self.step < self.cfg.steps:
+        while self.step < stop:
             loss, acc_batch = self.train_step(self.step)
             run_loss = loss if run_loss is None else 0.98 * run_loss + 0.02 * loss
             run_acc = acc_batch if run_acc is None else 0.98 * run_acc + 0.02 * acc_batch
@@ -223,14 +229,15 @@ class Trainer:
                 self._bar_eval = {"state3x": f"{acc['state_acc_3x']:.3f}", "recall3x": f"{acc['recall_acc_3x']:.3f}"}
             if self.step % self.cfg.traj_every == 0:
                 self._snapshot()
-            if self.step % self.cfg.ckpt_every == 0 or self.step == self.cfg.steps:
+            if self.step % self.cfg.ckpt_every == 0 or self.step in (self.cfg.steps, stop):
                 save_checkpoint(self.out / "last.pt", self.checkpoint())
             if bar is not None:
                 bar.update(1)
         if bar is not None:
             bar.close()
         final = self.checkpoint(with_optimizer=False)
-        save_checkpoint(self.out / "final.pt", final)
+        if self.step == self.cfg.steps:
+            save_checkpoint(self.out / "final.pt", final)
         return final
 
 
@@ -260,8 +267,10 @@ def check_out(out: str | Path) -> None:
 
 
 def train(model_cfg: ModelConfig, task: TaskConfig, cfg: TrainConfig, out: str | Path,
-          device: str | torch.device = "cpu", resume: bool = False, progress: bool = True) -> Checkpoint:
-    """Train one run into ``out``. With ``resume``, continue from ``out/last.pt`` (which must exist)."""
+          device: str | torch.device = "cpu", resume: bool = False, progress: bool = True,
+          until: int | None = None) -> Checkpoint:
+    """Train one run into ``out``. With ``resume``, continue from ``out/last.pt`` (which must exist); with
+    ``until``, stop after that step of the run (``Trainer.run``)."""
     check_out(out)
     trainer = Trainer(model_cfg, task, cfg, out, device, progress)
     if resume:
@@ -272,7 +281,7 @@ def train(model_cfg: ModelConfig, task: TaskConfig, cfg: TrainConfig, out: str |
     if cfg.threads > len(_available_cpus()):
         print(f"note: train.threads={cfg.threads} but this process may use {len(_available_cpus())} CPU(s); "
               f"the threads will share them", file=sys.stderr)
-    return trainer.run()
+    return trainer.run(until)
 
 
 def _available_cpus() -> set[int]:

@@ -502,3 +502,28 @@ def test_beyond_verdict_rule(att_far, att_train, expected):
          "z": att_train, "direction_norm": 1.0, "vs_random_z": 0.0}])
     v = BY.verdict_beyond(rows)
     assert v["verdict"] == expected and "refute" not in v["detail"]
+
+
+@pytest.mark.slow  # trains two 40-60-step runs (module fixture)
+def test_dense_lookahead_script_writes_every_snapshot_once_and_refuses_a_missing_one(runs, tmp_path, monkeypatch):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import dense_lookahead as D
+
+    folder, work, out = runs["joint"] / "trajectory", tmp_path / "work", tmp_path / "out"
+    objs = [D.measure(folder / f"step_{s:06d}.pt", work / f"{s}.json", lengths=[8], batch_size=16,
+                      lookahead_cfg=SMALL) for s in (0, 20)]
+    D.collect(objs, out)
+    la, verdicts = pd.read_csv(out / "lookahead.csv"), pd.read_csv(out / "verdicts.csv")
+    checks = pd.read_csv(out / "checks.csv")
+    assert list(la.columns) == D.LOOKAHEAD_COLUMNS and sorted(verdicts.step) == [0, 20]
+    assert set(la[la.loss == "state"].positions) == {">L", ">2L"}  # beyond-range targets only
+    assert {"lookahead_first_order", "lookahead_positions", "lookahead_vs_random"} <= set(checks.control)
+    assert set(checks.dropna(subset=["step"]).step) == {0, 20}
+
+    def fail(*a, **k):
+        raise AssertionError("a cached snapshot was measured again")
+
+    monkeypatch.setattr(D, "analyze_checkpoint", fail)
+    again = D.measure(folder / "step_000020.pt", work / "20.json")
+    assert json.dumps(again, sort_keys=True) == json.dumps(objs[1], sort_keys=True)
+    assert D.main([str(folder), "--steps", "0", "25", "--work", str(work), "--out", str(out)]) == 2

@@ -411,6 +411,53 @@ def test_trajectory_regeneration_retrains_a_checkpoint_bit_for_bit(tmp_path):
         assert _same_weights(tmp_path / "original" / "trajectory" / name, tmp_path / "traj" / "tiny" / name)
 
 
+def test_a_run_stopped_early_is_the_full_runs_beginning_and_resumes_to_its_end(tmp_path):
+    # until=N keeps the whole run's schedules, so its first N steps are the full run's; no final.pt is written
+    # (nothing may mistake the prefix for a finished run), and --resume continues it to the same final weights.
+    from probe.train import build_configs, train
+
+    model_cfg, task_cfg, train_cfg = build_configs("hybrid-joint", "interleaved", TINY, steps=STEPS, seed=3)
+    train(model_cfg, task_cfg, train_cfg, tmp_path / "full", progress=False)
+    train(model_cfg, task_cfg, train_cfg, tmp_path / "part", progress=False, until=KILL_STEP)
+    assert not (tmp_path / "part" / "final.pt").exists() and (tmp_path / "part" / "last.pt").exists()
+    assert load_checkpoint(tmp_path / "part" / "last.pt").step == KILL_STEP
+    name = f"step_{KILL_STEP:06d}.pt"
+    assert _same_weights(tmp_path / "full" / "trajectory" / name, tmp_path / "part" / "trajectory" / name)
+    train(model_cfg, task_cfg, train_cfg, tmp_path / "part", progress=False, resume=True)
+    assert _same_weights(tmp_path / "full" / "final.pt", tmp_path / "part" / "final.pt")
+
+
+def test_regenerating_a_runs_early_window_is_checked_against_its_own_snapshots(tmp_path):
+    # --runs RUN --until N: dense snapshots of the first N steps, tied to the run by its own snapshots; a run whose
+    # stored snapshot differs (here: one weight moved) is reported, not passed.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+    import regenerate_trajectories
+
+    from probe.checkpoint import save_checkpoint
+    from probe.train import build_configs, train
+
+    model_cfg, task_cfg, train_cfg = build_configs("hybrid-joint", "interleaved", TINY, steps=STEPS, seed=3)
+    run = tmp_path / "grid" / "joint" / "seed3"
+    train(model_cfg, task_cfg, train_cfg, run, progress=False)
+    name, diff = regenerate_trajectories.regenerate_run(run, [0, 5, 10, 15, 20], tmp_path / "work",
+                                                        tmp_path / "dense", progress=False, until=KILL_STEP)
+    assert (name, diff) == ("joint-seed3", 0.0)
+    assert sorted(p.name for p in (tmp_path / "dense" / name).iterdir()) == [
+        f"step_{s:06d}.pt" for s in (0, 5, 10, 15, 20)]
+    snap = run / "trajectory" / f"step_{KILL_STEP:06d}.pt"
+    ckpt = load_checkpoint(snap)
+    key = next(k for k in ckpt.state_dict if "lstm" in k and ckpt.state_dict[k].is_floating_point())
+    ckpt.state_dict[key] = ckpt.state_dict[key] + 0.5
+    save_checkpoint(snap, ckpt)
+    _, diff = regenerate_trajectories.regenerate_run(run, [0, 20], tmp_path / "work", tmp_path / "dense",
+                                                     progress=False, until=KILL_STEP)
+    assert diff >= 0.49
+    assert regenerate_trajectories.main(["--runs", str(run), "--until", str(STEPS + 1), "--out",
+                                         str(tmp_path / "x")]) == 2
+    assert regenerate_trajectories.main(["--runs", str(run), "--until", "10", "--steps", "0", "20", "--out",
+                                         str(tmp_path / "x")]) == 2
+
+
 # Last: it leaves Ray a worker short. retries=0, so that no fresh worker has to import torch only to die again.
 @pytest.mark.slow
 def test_ray_worker_that_dies_beyond_its_retries_is_reported_failed(ray_instance, tmp_path):

@@ -1,0 +1,130 @@
+"""The beyond-range lookahead (``probe.gradients``) over the early window of several runs, into small CSVs.
+
+Usage: ``python scripts/dense_lookahead.py DENSE_DIR/joint-seed5 ... [--steps 0 50 ... 500] [--work DIR]
+[--out results/gradients/dense]``. Each argument is a trajectory folder written by
+``scripts/regenerate_trajectories.py --runs RUN --until 500 --steps $(seq 0 25 500)`` (the first 500 steps of a
+grid's run, a snapshot every 25 steps, checked bit for bit against the run's own snapshots). For each snapshot at
+``--steps`` it runs the lookahead at its defaults (``probe.gradients.analysis.analyze_checkpoint``: 24 direction
+batches, 8 evaluation batches per target, step scales 0, 0.01, 0.1, 0.3 and 1 x the optimizer's next update) and
+keeps every row in ``--work/<run>/step_XXXXXX.json`` (a rerun skips those: about 2 min of one core each). After
+each snapshot it rewrites, in ``--out``:
+
+- ``lookahead.csv``: the lookahead rows (one per run, step, direction, target and step scale), floats to 4
+  significant digits;
+- ``verdicts.csv``: one verdict row per snapshot (``probe.gradients``' rule at a real update);
+- ``checks.csv``: every instrument check and control, per snapshot: its value, threshold and whether it passed.
+
+The grid's accuracies are not copied here: ``scripts/doc_blocks.py`` joins them from ``results/mechanism`` by
+variant and seed. The question this answers (fixed before the runs): does the lookahead order the joint runs by the
+depth of their cliff? Its statistic per run is the mean, over the snapshots at steps 50-500, of attention's part's
+beyond-range effect per unit of step at a real update (``part`` att, ``positions`` >L, ``step_scale`` 1), and its
+paired difference from the rest's (``vs_rec``); the cliff's depth is the run's state accuracy at 3x; the test is
+Spearman's rank correlation over the joint runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from probe.checkpoint import load_checkpoint
+from probe.errors import ProbeError
+from probe.gradients.analysis import analyze_checkpoint, builtin_controls
+
+ROOT = Path(__file__).resolve().parent.parent
+STEPS = list(range(0, 501, 50))
+LOOKAHEAD_COLUMNS = ["schedule", "seed", "step", "part", "loss", "positions", "step_scale", "effect", "effect_se",
+                     "z", "vs_random", "vs_random_z", "vs_rec", "vs_rec_z", "rel_update", "update_source",
+                     "direction_norm", "loss_before"]
+VERDICT_COLUMNS = ["schedule", "seed", "step", "gate", "verdict", "baseline", "baseline_train", "effect_beyond_L_att",
+                   "z_beyond_L_att", "z_beyond_2L_att", "effect_train_att", "z_train_att", "z_vs_random_beyond_L",
+                   "z_att_vs_rec_beyond_L"]
+
+
+def _round(df: pd.DataFrame) -> pd.DataFrame:
+    """Floats to 4 significant digits: the committed CSVs stay small, and no reading here needs more."""
+    out = df.copy()
+    for col in out.columns:
+        if pd.api.types.is_float_dtype(out[col]):
+            out[col] = out[col].map(lambda x: float(f"{x:.4g}") if pd.notna(x) else x)
+    return out
+
+
+def measure(snapshot: Path, cache: Path, **kwargs: Any) -> dict:
+    """The lookahead's rows and checks for one snapshot (``analyze_checkpoint``'s defaults unless ``kwargs`` say
+    otherwise), from ``cache`` when it is there."""
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    report = analyze_checkpoint(load_checkpoint(snapshot), **kwargs)
+    obj = {"results": report.rows(), "controls": report.controls}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, default=str))
+    tmp.replace(cache)  # a killed run leaves no half-written cache
+    return json.loads(cache.read_text())  # the same object a rerun reads
+
+
+def measure_builtin(cache: Path) -> dict:
+    """The checks on hand-built models whose answer is known (``known_split``), once for the whole run."""
+    if not cache.is_file():
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        cache.write_text(json.dumps({"results": [], "controls": builtin_controls()}, default=str))
+    return json.loads(cache.read_text())
+
+
+def collect(objs: list[dict], out: Path) -> None:
+    rows = pd.DataFrame([r for o in objs for r in o["results"]])
+    la = rows[rows.analysis == "lookahead"].reindex(columns=LOOKAHEAD_COLUMNS)
+    verdicts = rows[rows.analysis == "lookahead_verdict"].reindex(columns=VERDICT_COLUMNS)
+    meta = rows[rows.analysis == "lookahead_verdict"][["checkpoint", "schedule", "seed", "step"]]
+    checks = pd.DataFrame([c for o in objs for c in o["controls"]])
+    checks = checks.merge(meta, on="checkpoint", how="left").reindex(
+        columns=["schedule", "seed", "step", "control", "kind", "value", "threshold", "passed"])
+    out.mkdir(parents=True, exist_ok=True)
+    key = ["schedule", "seed", "step"]
+    _round(la).sort_values(key + ["step_scale", "loss", "positions", "part"]).to_csv(out / "lookahead.csv", index=False)
+    _round(verdicts).sort_values(key).to_csv(out / "verdicts.csv", index=False)
+    _round(checks).sort_values(key + ["control"], na_position="first").to_csv(out / "checks.csv", index=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("folders", nargs="+", type=Path, help="trajectory folders (step_XXXXXX.pt)")
+    p.add_argument("--steps", nargs="+", type=int, default=STEPS)
+    p.add_argument("--work", type=Path, default=Path("runs/dense-lookahead"), help="per-snapshot cache")
+    p.add_argument("--out", type=Path, default=ROOT / "results" / "gradients" / "dense")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    try:
+        # coarse to fine (every other step first), each step across all runs: a run cut short still covers
+        # every run over the whole window, at half the resolution
+        steps = sorted(set(args.steps))
+        jobs = []
+        for step in steps[::2] + steps[1::2]:
+            for folder in args.folders:
+                snap = folder / f"step_{step:06d}.pt"
+                if not snap.is_file():
+                    raise ProbeError(f"{snap}: no snapshot at step {step}; write the folder with "
+                                     f"scripts/regenerate_trajectories.py --steps covering it")
+                jobs.append((snap, args.work / folder.name / f"step_{step:06d}.json"))
+        objs = [measure_builtin(args.work / "builtin.json")]
+        for snap, cache in tqdm(jobs, desc="snapshots", dynamic_ncols=True):
+            objs.append(measure(snap, cache))
+            collect(objs, args.out)
+    except ProbeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    failed = pd.read_csv(args.out / "checks.csv").query("passed == False")
+    print(f"{len(objs)} snapshots into {args.out}; checks failed: {len(failed)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
