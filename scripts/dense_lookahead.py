@@ -40,10 +40,10 @@ from probe.gradients.analysis import analyze_checkpoint, builtin_controls
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = list(range(0, 501, 50))
-LOOKAHEAD_COLUMNS = ["schedule", "seed", "step", "part", "loss", "positions", "step_scale", "effect", "effect_se",
+LOOKAHEAD_COLUMNS = ["variant", "schedule", "seed", "step", "part", "loss", "positions", "step_scale", "effect", "effect_se",
                      "z", "vs_random", "vs_random_z", "vs_rec", "vs_rec_z", "rel_update", "update_source",
                      "direction_norm", "loss_before"]
-VERDICT_COLUMNS = ["schedule", "seed", "step", "gate", "verdict", "baseline", "baseline_train", "effect_beyond_L_att",
+VERDICT_COLUMNS = ["variant", "schedule", "seed", "step", "gate", "verdict", "baseline", "baseline_train", "effect_beyond_L_att",
                    "z_beyond_L_att", "z_beyond_2L_att", "effect_train_att", "z_train_att", "z_vs_random_beyond_L",
                    "z_att_vs_rec_beyond_L"]
 
@@ -81,14 +81,19 @@ def measure_builtin(cache: Path) -> dict:
 
 def collect(objs: list[dict], out: Path) -> None:
     rows = pd.DataFrame([r for o in objs for r in o["results"]])
+    # the grid's variant, from the folder regenerate_trajectories names <variant>-seed<k> (the checkpoint itself
+    # records only its schedule's kind: stopgrad-rnn's is "stopgrad")
+    rows["variant"] = rows.run.map(lambda run: Path(str(run)).name.rsplit("-seed", 1)[0])
     la = rows[rows.analysis == "lookahead"].reindex(columns=LOOKAHEAD_COLUMNS)
     verdicts = rows[rows.analysis == "lookahead_verdict"].reindex(columns=VERDICT_COLUMNS)
-    meta = rows[rows.analysis == "lookahead_verdict"][["checkpoint", "schedule", "seed", "step"]]
+    meta = rows[rows.analysis == "lookahead_verdict"][["checkpoint", "variant", "schedule", "seed", "step"]]
     checks = pd.DataFrame([c for o in objs for c in o["controls"]])
     checks = checks.merge(meta, on="checkpoint", how="left").reindex(
-        columns=["schedule", "seed", "step", "control", "kind", "value", "threshold", "passed"])
+        columns=["variant", "schedule", "seed", "step", "control", "kind", "value", "threshold", "passed"])
     out.mkdir(parents=True, exist_ok=True)
-    key = ["schedule", "seed", "step"]
+    key = ["variant", "seed", "step"]
+    for df in (la, verdicts, checks):
+        df[["seed", "step"]] = df[["seed", "step"]].astype("Int64")  # the run-wide checks have none
     _round(la).sort_values(key + ["step_scale", "loss", "positions", "part"]).to_csv(out / "lookahead.csv", index=False)
     _round(verdicts).sort_values(key).to_csv(out / "verdicts.csv", index=False)
     _round(checks).sort_values(key + ["control"], na_position="first").to_csv(out / "checks.csv", index=False)
