@@ -40,12 +40,12 @@ from probe.gradients.analysis import analyze_checkpoint, builtin_controls
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = list(range(0, 501, 50))
-LOOKAHEAD_COLUMNS = ["variant", "schedule", "seed", "step", "part", "loss", "positions", "step_scale", "effect", "effect_se",
-                     "z", "vs_random", "vs_random_z", "vs_rec", "vs_rec_z", "rel_update", "update_source",
+LOOKAHEAD_COLUMNS = ["variant", "schedule", "seed", "step", "part", "loss", "positions", "step_scale", "effect",
+                     "effect_se", "z", "vs_random", "vs_random_z", "vs_rec", "vs_rec_z", "rel_update", "update_source",
                      "direction_norm", "loss_before"]
-VERDICT_COLUMNS = ["variant", "schedule", "seed", "step", "gate", "verdict", "baseline", "baseline_train", "effect_beyond_L_att",
-                   "z_beyond_L_att", "z_beyond_2L_att", "effect_train_att", "z_train_att", "z_vs_random_beyond_L",
-                   "z_att_vs_rec_beyond_L"]
+VERDICT_COLUMNS = ["variant", "schedule", "seed", "step", "gate", "verdict", "baseline", "baseline_train",
+                   "effect_beyond_L_att", "z_beyond_L_att", "z_beyond_2L_att", "effect_train_att", "z_train_att",
+                   "z_vs_random_beyond_L", "z_att_vs_rec_beyond_L"]
 
 
 def _round(df: pd.DataFrame) -> pd.DataFrame:
