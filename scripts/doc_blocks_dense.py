@@ -24,13 +24,9 @@ def _read(root: Path, name: str) -> pd.DataFrame:
     return pd.read_csv(root.joinpath(*DENSE, name))
 
 
-def _att(la: pd.DataFrame, loss: str, positions: str) -> pd.DataFrame:
-    sel = la[(la.part == "att") & (la.loss == loss) & (la.positions == positions) & (la.step_scale == REAL)]
-    return sel[(sel.step >= WINDOW[0]) & (sel.step <= WINDOW[1])]
-
-
-def _rest(la: pd.DataFrame, loss: str, positions: str) -> pd.DataFrame:
-    sel = la[(la.part == "rec") & (la.loss == loss) & (la.positions == positions) & (la.step_scale == REAL)]
+def _rows(la: pd.DataFrame, part: str, loss: str, positions: str) -> pd.DataFrame:
+    """One direction's rows (``att`` or ``rec``, the rest) for one target, at a real update, inside the window."""
+    sel = la[(la.part == part) & (la.loss == loss) & (la.positions == positions) & (la.step_scale == REAL)]
     return sel[(sel.step >= WINDOW[0]) & (sel.step <= WINDOW[1])]
 
 
@@ -43,8 +39,8 @@ def per_run(root: Path) -> pd.DataFrame:
         run = la[(la.variant == variant) & (la.seed == seed)]
         v = verdicts[(verdicts.variant == variant) & (verdicts.seed == seed)]
         v = v[(v.step >= WINDOW[0]) & (v.step <= WINDOW[1])]
-        far, train = _att(run, "state", ">L"), _att(run, "train", "<=L")
-        far_rest, train_rest = _rest(run, "state", ">L"), _rest(run, "train", "<=L")
+        far, train = _rows(run, "att", "state", ">L"), _rows(run, "att", "train", "<=L")
+        far_rest, train_rest = _rows(run, "rec", "state", ">L"), _rows(run, "rec", "train", "<=L")
         acc = grid.state_acc_3x.get((variant, seed), np.nan)
         rows.append({
             "variant": variant, "seed": int(seed), "state_3x": acc, "n_steps": len(far),

@@ -31,6 +31,7 @@ import math
 import shutil
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -107,6 +108,16 @@ def regenerate_run(run_dir: Path, steps: list[int], work: Path, out: Path, progr
                          until=until, progress=progress)
 
 
+def _retrain_all(args: argparse.Namespace, steps: list[int], work: Path) -> Iterator[tuple[str, float]]:
+    """(name, largest weight difference) of each run or preset, retrained one after the other."""
+    if args.runs:
+        for run in args.runs:
+            yield regenerate_run(run, steps, work, args.out, until=args.until)
+    else:
+        for preset in args.presets or ["hybrid-joint", "hybrid-dat"]:
+            yield preset, regenerate(preset, steps, work, args.out, args.checkpoints, until=args.until)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     which = p.add_mutually_exclusive_group()
@@ -124,13 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     work = args.work or Path(tempfile.mkdtemp(prefix="trajectories-"))
     against = "the original run's snapshots" if args.until is not None else "the original final weights"
     try:
-        jobs = ([(run, lambda run=run: regenerate_run(run, steps, work, args.out, until=args.until))
-                 for run in args.runs] if args.runs else
-                [(preset, lambda preset=preset: (preset, regenerate(preset, steps, work, args.out, args.checkpoints,
-                                                                    until=args.until)))
-                 for preset in args.presets or ["hybrid-joint", "hybrid-dat"]])
-        for _, job in jobs:
-            name, diff = job()
+        for name, diff in _retrain_all(args, steps, work):
             verdict = f"bit-identical to {against}" if diff == 0 else (
                 f"differs from {against} by up to {diff:.3g} (another CPU or torch version)")
             print(f"{name}: {len(steps)} snapshots in {args.out / name}; retrained weights {verdict}", file=sys.stderr)
