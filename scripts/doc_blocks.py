@@ -215,6 +215,47 @@ def mechanism_compare(root: Path) -> str:
                   rows)
 
 
+def _focused(root: Path, variants: list[str], baselines: list[str]) -> str:
+    """A pre-specified question of the mechanism grid, answered among its own variants: each seed with the runs
+    below SOLVED and the bound on that failure rate, then every pair against ``baselines`` with its own Holm family
+    (these pairs are not in the table's family). Variants with fewer than MIN_TESTED seeds are listed, untested."""
+    grid = _grid(root, "mechanism")
+    rows = []
+    for v in variants:
+        r = _runs(grid, v)
+        k = int((r.state_acc_3x < SOLVED).sum())
+        rows.append([f"`{v}`", WHAT.get(v, ""), len(r), per_seed(r.state_acc_3x), mean_ci(r.state_acc_3x),
+                     f"{k} of {len(r)}", f"{100 * _failure_bound(k, len(r)):.0f} %" if len(r) else "–"])
+    out = _table(["variant", "what it changes", "seeds", "state at 3x, each seed", "mean [95 % t-CI]",
+                  f"runs below {100 * SOLVED:.0f} %", "95 % upper bound on the failure rate"], rows)
+    tested = [v for v in variants if len(_runs(grid, v)) >= MIN_TESTED]
+    if len(tested) < len(variants):
+        return out + f"\n\nNot tested yet: fewer than {MIN_TESTED} seeds of " + ", ".join(
+            f"`{v}`" for v in variants if v not in tested) + "."
+    cmp = compare(grid.curves[grid.curves.variant.isin(tested)], baselines)
+    seen, rows = set(), []
+    for r in cmp.itertuples():
+        if (pair := frozenset((r.variant, r.baseline))) not in seen:
+            seen.add(pair)
+            rows.append([f"`{r.variant}` vs `{r.baseline}`", f"{r.n_seeds} vs {r.n_seeds_baseline}",
+                         f"{100 * r.difference:+.1f} [{100 * r.difference_ci_low:+.1f}, "
+                         f"{100 * r.difference_ci_high:+.1f}]", _p(r.p_permutation), _p(r.p_min_attainable),
+                         _p(r.p_holm), r.verdict])
+    return out + "\n\n" + _table(["comparison", "seeds", "difference [95 % Welch CI]", "p", "min. p",
+                                    f"Holm p (over {len(rows)})", "verdict"], rows)
+
+
+def mechanism_blocks(root: Path) -> str:
+    """Block 0 vs block 1 without the confound: one attention's path into one LSTM at a time."""
+    return _focused(root, ["rnn0-att0", "rnn0-att1", "rnn1-att1"], ["rnn1-att1", "rnn0-att1"])
+
+
+def mechanism_early(root: Path) -> str:
+    """Is shielding block 0's LSTM early enough? The early-only cuts against the whole-run cut (each against
+    `joint` is in the table's family)."""
+    return _focused(root, ["rnn0-until250", "rnn0-until1000", "stopgrad-rnn0"], ["stopgrad-rnn0"])
+
+
 def _failure_bound(k: int, n: int, level: float = 0.95) -> float:
     """One-sided Clopper–Pearson upper bound on a per-run failure rate after k failures in n runs."""
     return 1.0 if k >= n else float(sps.beta.ppf(level, k + 1, n - k))
@@ -326,6 +367,8 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "mechanism-seeds": mechanism_seeds,
     "mechanism-compare": mechanism_compare,
     "switch": switch,
+    "mechanism-blocks": mechanism_blocks,
+    "mechanism-early": mechanism_early,
     "precision": precision,
 }
 
