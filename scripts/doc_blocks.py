@@ -345,6 +345,40 @@ def sharpness(root: Path) -> str:
                    "recall acc (none / log-length)", "state acc (none / log-length)"], out)
 
 
+def sharpness_seeds(root: Path) -> str:
+    """Several seeds of a grid: per variant and length, each seed's recall accuracy without and with log-length
+    scaling, and its recall head's mass on the value (the head with the largest such mass at L_train, per seed)."""
+    import json
+
+    rows = json.loads((root / "results" / "sharpness" / "mechanism" / "results.json").read_text())["results"]
+    out = []
+    for label in dict.fromkeys(r["label"] for r in rows):
+        ckpts = list(dict.fromkeys(r["checkpoint"] for r in rows if r["label"] == label))
+        heads = {}
+        for c in ckpts:
+            train = [r for r in rows if r["checkpoint"] == c and r["metric"] == "attention_mass"
+                     and r["target"] == "value" and r["scale"] == "none" and r["length"] == r["train_length"]]
+            best = max(train, key=lambda r: r["mass"])
+            heads[c] = (best["layer"], best["head"])
+
+        def pick(c: str, length: int, scale: str, metric: str) -> dict:
+            return next(r for r in rows if r["checkpoint"] == c and r["length"] == length and r["scale"] == scale
+                        and r["metric"] == metric and (r.get("subtask") == "recall" if metric == "accuracy" else
+                                                       (r["target"] == "value" and (r["layer"], r["head"]) == heads[c])))
+
+        for length in sorted({r["length"] for r in rows if r["label"] == label}):
+            cells = []
+            for scale in ("none", "log-length"):
+                acc = [pick(c, length, scale, "accuracy")["token_acc"] for c in ckpts]
+                mass = [pick(c, length, scale, "attention_mass")["mass"] for c in ckpts]
+                cells += [per_seed(acc), f"{int(sum(a >= 0.99 for a in acc))} of {len(acc)}", mean_ci(mass)]
+            ref = [pick(c, length, "none", "attention_mass")["reference"] for c in ckpts]
+            out.append([label, len(ckpts), length, *cells, pct(float(np.mean(ref)))])
+    return _table(["model", "seeds", "L", "recall, each seed", "seeds ≥ 99 %", "recall head's mass (%) [95 % t-CI]",
+                   "recall with log-length, each seed", "seeds ≥ 99 %", "mass with log-length (%)",
+                   "reference e^Δ/(e^Δ+n−1) (%)"], out)
+
+
 def throughput(root: Path) -> str:
     """The benchmark's own table (``python benchmarks/throughput.py``, saved in results/throughput.txt)."""
     text = (root / "results" / "throughput.txt").read_text()
@@ -355,6 +389,7 @@ def throughput(root: Path) -> str:
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "throughput": throughput,
     "sharpness": sharpness,
+    "sharpness-seeds": sharpness_seeds,
     "mechanism-shortcuts": mechanism_shortcuts,
     "headline": headline,
     "mechanism-short": mechanism_short,
