@@ -197,11 +197,13 @@ def read_run_folder(folder: Path, variant: str, seed: int,
     log = _read_log(folder)
     train: Any = None
     train_length = None
+    used = None  # the precision the run trained in (``auto`` resolved), where its checkpoint records it
     if (folder / FINAL).exists():
         from probe.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(folder / FINAL)
         train, train_length = dict(ckpt.train_config or {}), ckpt.task_config.train_length
+        used = ckpt.extra.get("precision_used")
     else:
         built = _config_meta(config, variant)
         if built is not None:
@@ -212,7 +214,7 @@ def read_run_folder(folder: Path, variant: str, seed: int,
     first = rows[0] if rows else {}
     meta = {"label": first.get("label"), "train_length": int(train_length),
             "steps": int(log[-1]["step"]) if log else tm.get("steps"), "wall_s": _wall_s(log),
-            "precision": tm.get("precision", first.get("precision")),
+            "precision": used or tm.get("precision", first.get("precision")),
             "optimizer_impl": tm.get("optimizer_impl", first.get("optimizer_impl")),
             "schedule": tm.get("schedule"), "switch_step": tm.get("switch_step"), "eval_samples": _eval_samples(curve)}
     curve = curve.assign(variant=variant, seed=int(seed))

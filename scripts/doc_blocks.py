@@ -66,8 +66,30 @@ MIN_TESTED = 3
 in progress with its seeds, untested (1 or 2 seeds against 10 cannot reach p < 0.05 after any adjustment)."""
 
 
+SAME_AS = {"stopgrad-rnn1": "rnn1-att1"}
+"""Variants that compute the same gradient as another: block 1's LSTM sits above attention 0, so only attention 1's
+path reaches it, and `stopgrad-rnn1` is `rnn1-att1`. The comparisons count such a pair once, under the second name
+(more seeds), after checking that every seed they share ended with the same accuracies at every length — a check
+that fails if the two cuts differ."""
+
+
+def _distinct(grid: Grid) -> list[str]:
+    """The grid's variants with each SAME_AS pair counted once."""
+    out = []
+    for v in grid.variants:
+        twin = SAME_AS.get(v)
+        if twin in grid.variants:
+            keys = ["seed", "length", "subtask"]
+            both = grid.curves[grid.curves.variant == v].merge(grid.curves[grid.curves.variant == twin], on=keys)
+            if both.empty or not (both.token_acc_x == both.token_acc_y).all():
+                raise ValueError(f"{v} and {twin} are listed as the same cut, but their shared seeds differ")
+            continue
+        out.append(v)
+    return out
+
+
 def _tested(grid: Grid) -> list[str]:
-    return [v for v in grid.variants if len(_runs(grid, v)) >= MIN_TESTED]
+    return [v for v in _distinct(grid) if len(_runs(grid, v)) >= MIN_TESTED]
 
 
 def _mechanism_comparisons(root: Path) -> tuple[Grid, pd.DataFrame]:
@@ -77,7 +99,7 @@ def _mechanism_comparisons(root: Path) -> tuple[Grid, pd.DataFrame]:
 
 def mechanism_in_progress(grid: Grid) -> str:
     """The variants with fewer than MIN_TESTED seeds: each seed's state accuracy at 3x, no test."""
-    short = [v for v in grid.variants if v not in _tested(grid)]
+    short = [v for v in _distinct(grid) if v not in _tested(grid)]
     if not short:
         return ""
     items = [f"`{v}` ({len(r := _runs(grid, v))} seed{'s' if len(r) > 1 else ''}: {per_seed(r.state_acc_3x)})"
@@ -351,29 +373,26 @@ def sharpness_seeds(root: Path) -> str:
     import json
 
     rows = json.loads((root / "results" / "sharpness" / "mechanism" / "results.json").read_text())["results"]
+    recall = {(r["checkpoint"], r["length"], r["scale"]): r["token_acc"] for r in rows
+              if r["metric"] == "accuracy" and r["subtask"] == "recall"}
+    value = [r for r in rows if r["metric"] == "attention_mass" and r["target"] == "value"]
+    head = {}  # checkpoint -> its recall head (layer, head): the largest mass on the value at L_train, no scale
+    for r in value:
+        if r["scale"] == "none" and r["length"] == r["train_length"] and r["mass"] > head.get(r["checkpoint"], (0,))[0]:
+            head[r["checkpoint"]] = (r["mass"], r["layer"], r["head"])
+    mass = {(r["checkpoint"], r["length"], r["scale"]): r for r in value
+            if (r["layer"], r["head"]) == head[r["checkpoint"]][1:]}
     out = []
     for label in dict.fromkeys(r["label"] for r in rows):
         ckpts = list(dict.fromkeys(r["checkpoint"] for r in rows if r["label"] == label))
-        heads = {}
-        for c in ckpts:
-            train = [r for r in rows if r["checkpoint"] == c and r["metric"] == "attention_mass"
-                     and r["target"] == "value" and r["scale"] == "none" and r["length"] == r["train_length"]]
-            best = max(train, key=lambda r: r["mass"])
-            heads[c] = (best["layer"], best["head"])
-
-        def pick(c: str, length: int, scale: str, metric: str) -> dict:
-            return next(r for r in rows if r["checkpoint"] == c and r["length"] == length and r["scale"] == scale
-                        and r["metric"] == metric and (r.get("subtask") == "recall" if metric == "accuracy" else
-                                                       (r["target"] == "value" and (r["layer"], r["head"]) == heads[c])))
-
         for length in sorted({r["length"] for r in rows if r["label"] == label}):
             cells = []
             for scale in ("none", "log-length"):
-                acc = [pick(c, length, scale, "accuracy")["token_acc"] for c in ckpts]
-                mass = [pick(c, length, scale, "attention_mass")["mass"] for c in ckpts]
-                cells += [per_seed(acc), f"{int(sum(a >= 0.99 for a in acc))} of {len(acc)}", mean_ci(mass)]
-            ref = [pick(c, length, "none", "attention_mass")["reference"] for c in ckpts]
-            out.append([label, len(ckpts), length, *cells, pct(float(np.mean(ref)))])
+                acc = [recall[c, length, scale] for c in ckpts]
+                cells += [per_seed(acc), f"{int(sum(a >= 0.99 for a in acc))} of {len(acc)}",
+                          mean_ci([mass[c, length, scale]["mass"] for c in ckpts])]
+            ref = np.mean([mass[c, length, "none"]["reference"] for c in ckpts])
+            out.append([label, len(ckpts), length, *cells, pct(float(ref))])
     return _table(["model", "seeds", "L", "recall, each seed", "seeds ≥ 99 %", "recall head's mass (%) [95 % t-CI]",
                    "recall with log-length, each seed", "seeds ≥ 99 %", "mass with log-length (%)",
                    "reference e^Δ/(e^Δ+n−1) (%)"], out)

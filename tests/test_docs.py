@@ -72,3 +72,27 @@ def test_check_fails_when_results_change_under_the_text(copy):
         assert _check(copy).returncode == 1
     finally:
         runs.write_text(original)
+
+
+def test_a_pair_listed_as_the_same_cut_must_agree_seed_for_seed(copy):
+    """`stopgrad-rnn1` and `rnn1-att1` are counted once because they compute the same gradient; the render refuses
+    that when a shared seed's accuracy differs, as it would if the two cuts were not the same."""
+    curves = copy / "results" / "mechanism" / "curves.csv"
+    original = curves.read_text()
+    lines = original.splitlines()
+    header = lines[0].split(",")
+    at = {name: header.index(name) for name in ("variant", "seed", "state_correct")}
+    for i, line in enumerate(lines[1:], start=1):
+        cells = line.split(",")
+        if cells[at["variant"]] == "rnn1-att1" and cells[at["seed"]] == "0" and int(cells[at["state_correct"]]) > 10:
+            cells[at["state_correct"]] = str(int(cells[at["state_correct"]]) - 10)
+            lines[i] = ",".join(cells)
+            break
+    else:
+        pytest.fail("no rnn1-att1 seed 0 row to damage")
+    curves.write_text("\n".join(lines) + "\n")
+    try:
+        done = _check(copy)
+        assert done.returncode != 0 and "same cut" in done.stdout + done.stderr
+    finally:
+        curves.write_text(original)

@@ -18,6 +18,7 @@ import torch
 import probe.train
 from probe.checkpoint import load_checkpoint
 from probe.errors import ProbeError
+from probe.hardware import precision_used
 from probe.results import CURVES, RUNS, import_runs, lengths_spec, load_grid, parse_lengths_spec
 from probe.sweep import (
     LocalExecutor,
@@ -330,8 +331,8 @@ def test_eval_lengths_grammar_and_its_compact_spelling():
 
 def test_quick_sweep_to_16x_says_what_it_reduced_and_reports_16x(tmp_path, capsys):
     out = tmp_path / "quick"
-    argv = ["--preset", "lstm", "--seeds", "0", "--steps", "20", *SETS, "--out", str(out), "--jobs", "1",
-            "--quick", "--eval-lengths", "16x", "--no-progress", "--no-figure"]
+    argv = ["--preset", "lstm", "--seeds", "0", "--steps", "20", *SETS, "--set", "train.precision=auto",
+            "--out", str(out), "--jobs", "1", "--quick", "--eval-lengths", "16x", "--no-progress", "--no-figure"]
     assert main(argv) == 0
     err = capsys.readouterr()
     assert "quick: evaluating 32 sequences per length instead of 256" in err.err
@@ -340,6 +341,8 @@ def test_quick_sweep_to_16x_says_what_it_reduced_and_reports_16x(tmp_path, capsy
     assert "quick: evaluating 32 sequences" in log and "evaluated 36 lengths x 32 sequences" in log
     run = load_grid(out).runs.iloc[0]
     assert run.eval_samples == 32 and run.eval_lengths == "1:24,30:96:6"
+    # the precision the run trained in, as this CPU resolved "auto", not the setting
+    assert run.precision == precision_used("auto", torch.device("cpu"))[0]
     assert np.isfinite(run.state_acc_16x) and np.isfinite(run.state_seq_acc_16x)
     table = (out / "results.md").read_text()
     assert "16x (96)" in table and "seeds > 90 % at 16x" in table and "seq. acc. 16x" in table
