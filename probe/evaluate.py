@@ -215,8 +215,17 @@ SHOWN_LENGTHS = 8
 """Evaluated lengths that are not multiples of L_train get a column of their own when there are at most this many."""
 
 
+def _spread(values: pd.Series) -> str:
+    """``mean ± SD`` in percent over seeds; the mean alone for one seed (a "± 0.0" would claim a spread it cannot
+    know)."""
+    if len(values) < 2:
+        return f"{100 * values.mean():.1f}"
+    return f"{100 * values.mean():.1f} ± {100 * values.std(ddof=1):.1f}"
+
+
 def summary_table(curves: pd.DataFrame, factors: Sequence[int] = (1, 2, 3, 4)) -> pd.DataFrame:
-    """Mean ± standard deviation over seeds of token accuracy (percent), per label and subtask: averaged over the
+    """Mean ± sample standard deviation over seeds of token accuracy (percent; the mean alone for one seed, which has
+    no spread to show), per label and subtask: averaged over the
     in-distribution lengths (``1..1x``, the lengths evaluated up to L_train), at k x L_train, at each other
     evaluated length when there are few (``L=30``), and the length-generalization score (where a length in
     (L_train, 3 L_train] was evaluated)."""
@@ -228,15 +237,15 @@ def summary_table(curves: pd.DataFrame, factors: Sequence[int] = (1, 2, 3, 4)) -
         row: dict[str, Any] = {"label": label, "subtask": subtask, "seeds": g.seed.nunique()}
         inside = g[g.length <= g.train_length].groupby("seed").token_acc.mean()
         if len(inside):
-            row["1..1x"] = f"{100 * inside.mean():.1f} ± {100 * inside.std(ddof=0):.1f}"
+            row["1..1x"] = _spread(inside)
         for f in factors:
             at = g[g.length == f * g.train_length]
             if len(at):
-                row[f"{f}x"] = f"{100 * at.token_acc.mean():.1f} ± {100 * at.token_acc.std(ddof=0):.1f}"
+                row[f"{f}x"] = _spread(at.token_acc)
         for length in shown:
             at = g[g.length == length]
             if len(at):
-                row[f"L={length}"] = f"{100 * at.token_acc.mean():.1f} ± {100 * at.token_acc.std(ddof=0):.1f}"
+                row[f"L={length}"] = _spread(at.token_acc)
         sc = scores(g)
         if len(sc) and sc.lengthgen_score.notna().any():
             row["score"] = f"{100 * sc.lengthgen_score.mean():.1f}"

@@ -436,3 +436,6 @@ BLOCKS.update(_RECURRENT)
 from doc_blocks_dense import BLOCKS as _DENSE  # noqa: E402
 
 BLOCKS.update(_DENSE)
+from doc_blocks_deep import BLOCKS as _DEEP  # noqa: E402
+
+BLOCKS.update(_DEEP)

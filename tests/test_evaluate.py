@@ -96,6 +96,17 @@ def test_cli_human_table(two_seeds, capsys):
     assert main([str(two_seeds[0]), "--lengths", "4,8,12,16", "--samples", "8"]) == 0
     out = capsys.readouterr().out
     assert "hybrid-joint" in out and "1x" in out and "score" in out
+    assert "±" not in out  # one seed has no spread to show
+
+
+def test_summary_spread_is_the_sample_sd_over_seeds():
+    """Two seeds at 50 % and 100 %: mean 75, sample SD 35.4 (a population SD would say 25)."""
+    from probe.evaluate import summary_table
+
+    curves = pd.DataFrame({"checkpoint": ["a.pt", "b.pt"], "label": "m", "subtask": "state", "seed": [0, 1],
+                           "length": 12, "train_length": 4,
+                           "token_acc": [0.5, 1.0]})
+    assert summary_table(curves, factors=(3,)).loc[0, "3x"] == "75.0 ± 35.4"
 
 
 def test_cli_human_table_shows_a_length_that_is_not_a_multiple(two_seeds, capsys):

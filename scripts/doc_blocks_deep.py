@@ -1,0 +1,66 @@
+"""The blocks of docs/reproduction.md that quote results/deep/ (sweeps/deep.toml: the 4-block search for the paper's
+cliff to chance): each a function of the committed results only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from doc_format import grid_of, mean_ci, p_text, pct, per_seed, runs_of
+from doc_format import table as _table
+
+from probe.core.stats import permutation_p, permutation_p_min, welch_interval
+
+DEEP_CLIFF, SOLVED = 0.5, 0.95
+"""The search's target (issue: the paper's regime): the joint hybrid below DEEP_CLIFF at 3x in at least 4 of 5
+seeds, while DAT holds SOLVED at 3x in every seed."""
+PAIRS = {"deep4-joint": "joint", "deep4-dat": "dat"}
+"""Each 4-block variant and the 2-block variant of the mechanism grid that differs from it only in depth."""
+
+
+def _col(r: pd.DataFrame, name: str) -> pd.Series:
+    return r[name] if name in r else pd.Series(np.nan, index=r.index)
+
+
+def _count(values: pd.Series, test) -> str:
+    values = values.dropna()
+    return f"{int(test(values).sum())} of {len(values)}" if len(values) else "–"
+
+
+def deep(root: Path) -> str:
+    """Per variant, 4 blocks beside the same seeds of the 2-block grid: state accuracy at 3x and 16x per seed, the
+    seeds below the deep-cliff mark and above the solved mark, recall at 16x, and depth's effect at 3x (Welch
+    interval, exact permutation p over seeds; one pre-specified test per schedule, no adjustment across the two)."""
+    if not (root / "results" / "deep").is_dir():
+        return "No run of `sweeps/deep.toml` is committed yet."
+    deep_grid, two = grid_of(root, "deep"), grid_of(root, "mechanism")
+    rows, tests = [], []
+    for variant, base in PAIRS.items():
+        r4 = runs_of(deep_grid, variant)
+        if r4.empty:
+            continue
+        r2 = runs_of(two, base)
+        r2 = r2[r2.seed.isin(r4.seed)]
+        for name, r in ((f"`{base}`, 2 blocks", r2), (f"`{variant}`, 4 blocks", r4)):
+            at16 = _col(r, "state_acc_16x")
+            rows.append([name, len(r), per_seed(r.state_acc_3x), mean_ci(r.state_acc_3x),
+                         _count(r.state_acc_3x, lambda v: v < DEEP_CLIFF),
+                         _count(r.state_acc_3x, lambda v: v >= SOLVED),
+                         per_seed(at16) if at16.notna().any() else "not evaluated",
+                         pct(_col(r, "recall_acc_16x").min())])
+        if len(r4) >= 2 and len(r2) >= 2:
+            a, b = r4.state_acc_3x.to_numpy(), r2.state_acc_3x.to_numpy()
+            diff = welch_interval(a, b)
+            tests.append(f"`{variant}` − `{base}` at 3x: {100 * diff.estimate:+.1f} [{100 * diff.low:+.1f}, "
+                         f"{100 * diff.high:+.1f}], p {p_text(permutation_p(a, b))} (smallest attainable "
+                         f"{p_text(permutation_p_min(len(a), len(b)))})")
+    if not rows:
+        return "No run of `sweeps/deep.toml` is committed yet."
+    table = _table(["variant", "seeds", "state at 3x, each seed", "mean [95 % t-CI]",
+                    f"seeds below {100 * DEEP_CLIFF:.0f} % at 3x", f"seeds ≥ {100 * SOLVED:.0f} % at 3x",
+                    "state at 16x, each seed", "lowest recall at 16x"], rows)
+    return table + ("\n\nDepth's effect, same seeds: " + "; ".join(tests) + "." if tests else "")
+
+
+BLOCKS = {"deep": deep}
