@@ -37,7 +37,7 @@ from probe.core.progress import progress_iter
 from probe.core.rows import CONTROL, check_row
 from probe.core.seeds import EVALUATE
 from probe.errors import ProbeError
-from probe.memory import check_lengths, fit_batch_size
+from probe.memory import PeakMemory, Plan, check_lengths, fit_batch_size, plan_lengths
 from probe.tasks import SUBTASKS, TaskConfig
 
 if TYPE_CHECKING:
@@ -302,6 +302,22 @@ def evaluation_envelope(curves: pd.DataFrame, paths: Sequence[str | Path]) -> di
     return envelope("evaluate", [str(p) for p in paths], rows, controls)
 
 
+def memory_plan(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, n_samples: int = 256,
+                batch_size: int = 256, device: torch.device | str = "cpu") -> Plan:
+    """The largest activation peak ``evaluate_checkpoints`` plans for over these checkpoints and lengths (the same
+    sub-batches its ``length_curve`` picks, never more sequences than ``n_samples``): what ``python -m
+    probe.evaluate`` reports beside the measured peak."""
+    from probe.checkpoint import load_checkpoint
+
+    plans = []
+    for path in paths:
+        ckpt = load_checkpoint(path)
+        lens = list(lengths) if lengths else up_to(ckpt.task_config.train_length)
+        plans.append(plan_lengths(ckpt.model_config, lens, min(batch_size, n_samples), device,
+                                  prefix=ckpt.task_config.prefix_len))
+    return max(plans, key=lambda p: p.bytes)
+
+
 # --- CLI ---------------------------------------------------------------------------------------------------
 _HELP_JSON = """JSON (--json): results rows {checkpoint, label, seed, length, subtask (state|recall|all, and
 state_mod{q} with --factors), token_acc,
@@ -309,7 +325,10 @@ seq_acc, n_tokens, train_length, precision, optimizer_impl (how the checkpoint w
 checkpoint and subtask with length null, metric "lengthgen_score" and its value in token_acc (mean token accuracy
 over lengths in (L_train, 3 L_train]); controls rows {control: "chance", subtask,
 token_acc, kind "control", passed, worst_in_range}: the accuracy of guessing uniformly (state 1/m, recall
-1/n_values); passed when every checkpoint's mean token accuracy over lengths <= L_train beats it."""
+1/n_values); passed when every checkpoint's mean token accuracy over lengths <= L_train beats it. memory
+{planned_bytes (the activations of the largest sub-batch at the costliest length, probe.memory's estimate),
+planned_batch, planned_length, available_bytes (free when planned), measured_bytes (the peak growth of the process's
+memory during the evaluation), measured_by (how it was measured)}."""
 
 
 def _note(text: str) -> None:
@@ -337,14 +356,22 @@ def main(argv: list[str] | None = None) -> int:
 
         seed_and_threads(args)
         paths = resolve_checkpoints(args.checkpoints, note=None if args.json else _note)
-        curves = evaluate_checkpoints(paths, args.lengths, args.samples, args.batch_size, args.seed,
-                                      resolve_device(args.device), progress=not args.json, factors=args.factors)
+        device = resolve_device(args.device)
+        plan = memory_plan(paths, args.lengths, args.samples, args.batch_size, device)
+        with PeakMemory(device) as peak:
+            curves = evaluate_checkpoints(paths, args.lengths, args.samples, args.batch_size, args.seed, device,
+                                          progress=not args.json, factors=args.factors)
         trained = curves.drop_duplicates("checkpoint")
         for r in trained.itertuples():
             say(args, f"{r.checkpoint}: {r.label}, seed {r.seed}, trained in {r.precision} "
                       f"(AdamW {r.optimizer_impl})")
         say(args, summary_table(curves).to_string(index=False))
         result = evaluation_envelope(curves, paths)
+        result["memory"] = {"planned_bytes": plan.bytes, "planned_batch": plan.batch, "planned_length": plan.length,
+                            "available_bytes": plan.available, "measured_bytes": peak.bytes, "measured_by": peak.method}
+        say(args, f"memory: planned at most {plan.bytes / 2**20:.0f} MB of activations (sub-batches of {plan.batch} "
+                  f"at length {plan.length}; {plan.available / 2**30:.1f} GB free), measured "
+                  f"{peak.bytes / 2**20:.0f} MB ({peak.method})")
         if args.out:
             write_outputs(args.out, result, {"accuracy_vs_length.png": plot_length_curves(curves)}, dpi=150)
             say(args, f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'accuracy_vs_length.png'}")

@@ -122,3 +122,77 @@ def check_lengths(cfg: ModelConfig, task: TaskConfig, lengths: Sequence[int], de
         if name is None:
             raise
         raise ProbeError(f"{name}: {e}") from None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What an evaluation over several lengths plans to hold at its peak: the activations of the largest sub-batch at
+    the costliest length (``fit_batch_size`` x ``forward_cost``), and the free memory it planned against."""
+
+    bytes: int
+    batch: int
+    length: int
+    available: int
+
+
+def plan_lengths(cfg: ModelConfig, lengths: Sequence[int], want: int, device: torch.device | str = "cpu",
+                 prefix: int = 0) -> Plan:
+    """The peak that ``probe.evaluate.length_curve`` plans for over ``lengths`` (sub-batches of at most ``want``)."""
+    free = available_bytes(device)
+    best = Plan(0, 0, 0, free)
+    for length in lengths:
+        batch = fit_batch_size(cfg, length, want, device, prefix=prefix, available=free)
+        need = batch * forward_cost(cfg, prefix + length).total
+        if need > best.bytes:
+            best = Plan(need, batch, length, free)
+    return best
+
+
+class PeakMemory:
+    """The peak growth of memory while the block runs: on CUDA, ``torch.cuda.max_memory_allocated`` over what was
+    allocated at the start; on Linux, the peak resident set (``VmHWM``, reset on entry through
+    ``/proc/self/clear_refs``) over the resident set at the start; elsewhere the growth of ``ru_maxrss``, a lower
+    bound (an earlier, higher peak hides this one). ``bytes`` and ``method`` are set on exit."""
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+        self.bytes = 0
+        self.method = ""
+
+    @staticmethod
+    def _status(field: str) -> int:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+        raise OSError(f"no {field} in /proc/self/status")
+
+    def __enter__(self) -> PeakMemory:
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self._start, self.method = torch.cuda.memory_allocated(self.device), "cuda max_memory_allocated"
+            return self
+        try:
+            with open("/proc/self/clear_refs", "w") as f:
+                f.write("5")  # resets VmHWM to the current resident set (Linux >= 4.0)
+            self._start, self.method = self._status("VmRSS"), "peak resident set (VmHWM) growth"
+        except OSError:
+            import resource
+
+            self._start = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            self.method = "ru_maxrss growth (a lower bound)"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(self.device)
+        elif self.method.startswith("peak resident"):
+            peak = self._status("VmHWM")
+        else:
+            import resource
+            import sys
+
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+            if sys.platform != "darwin":  # kilobytes on Linux, bytes on macOS
+                peak, self._start = peak * 1024, self._start * 1024
+        self.bytes = max(0, peak - self._start)

@@ -271,3 +271,31 @@ def test_factors_refuse_a_task_whose_state_answers_are_not_numbers():
     model = tiny_model("hybrid", task.vocab_size)
     with pytest.raises(ProbeError, match="not numbers"):
         accuracy_at_length(model, task, 8, n_samples=4, factors=True)
+
+
+def test_cli_reports_the_memory_it_planned_and_what_it_used(two_seeds, capsys):
+    """The plan is the largest sub-batch at the costliest length: the longest one here, with never more sequences
+    than --samples in a sub-batch (a plan for the shortest length, or for --batch-size sequences, fails this)."""
+    from probe.checkpoint import load_checkpoint
+    from probe.memory import forward_cost
+
+    assert main([str(two_seeds[0]), "--lengths", "1:12", "--samples", "8", "--json"]) == 0
+    mem = json.loads(capsys.readouterr().out)["memory"]
+    ckpt = load_checkpoint(two_seeds[0])
+    assert mem["planned_length"] == 12 and mem["planned_batch"] == 8
+    assert mem["planned_bytes"] == 8 * forward_cost(ckpt.model_config, ckpt.task_config.prefix_len + 12).total
+    assert mem["measured_bytes"] >= 0 and mem["measured_by"]
+    assert main([str(two_seeds[0]), "--lengths", "1:12", "--samples", "8"]) == 0
+    assert "memory: planned at most" in capsys.readouterr().out
+
+
+def test_peak_memory_sees_an_allocation_made_inside_it():
+    """256 MB written inside the block must show (a measure that never resets, or reads the wrong field, shows ~0)."""
+    from probe.memory import PeakMemory
+
+    with PeakMemory("cpu") as peak:
+        block = torch.ones(64 * 2**20)  # 64 Mi floats, touched
+        del block
+    if peak.method.startswith("ru_maxrss"):
+        pytest.skip("no resettable peak on this machine: ru_maxrss growth is only a lower bound")
+    assert peak.bytes >= 200 * 2**20, (peak.bytes, peak.method)
