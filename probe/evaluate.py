@@ -313,6 +313,7 @@ def memory_plan(paths: Sequence[str | Path], lengths: Sequence[int] | None = Non
     for path in paths:
         ckpt = load_checkpoint(path)
         lens = list(lengths) if lengths else up_to(ckpt.task_config.train_length)
+        check_lengths(ckpt.model_config, ckpt.task_config, lens, device, name=str(ckpt.path or ckpt.name))
         plans.append(plan_lengths(ckpt.model_config, lens, min(batch_size, n_samples), device,
                                   prefix=ckpt.task_config.prefix_len))
     return max(plans, key=lambda p: p.bytes)
