@@ -132,16 +132,21 @@ def mechanism_short(root: Path) -> str:
                     f"p (Holm over {n_tests})", "recall at 3x"], rows) + mechanism_in_progress(grid))
 
 
+def _pairs_once(cmp: pd.DataFrame) -> list:
+    """Each tested pair once (a table with two baselines lists dat vs joint and joint vs dat): the row whose baseline
+    is listed first."""
+    seen, rows = set(), []
+    for r in cmp.itertuples():
+        if (pair := frozenset((r.variant, r.baseline))) not in seen:
+            seen.add(pair)
+            rows.append(r)
+    return rows
+
+
 def mechanism_holm(root: Path) -> str:
     """Which comparisons of the mechanism table survive Holm's adjustment at the seed counts committed now."""
     _, cmp = _mechanism_comparisons(root)
-    # each pair once (the table lists dat vs joint and joint vs dat): keep the row whose baseline is listed first
-    seen, rows = set(), []
-    for r in cmp.itertuples():
-        pair = frozenset((r.variant, r.baseline))
-        if pair not in seen:
-            seen.add(pair)
-            rows.append(r)
+    rows = _pairs_once(cmp)
     alpha = 0.05
     sig = [r for r in rows if r.p_holm < alpha]
     raw = [r for r in rows if r.p_holm >= alpha and r.p_permutation < alpha]
@@ -261,14 +266,9 @@ def _focused(root: Path, variants: list[str], baselines: list[str]) -> str:
         return out + f"\n\nNot tested yet: fewer than {MIN_TESTED} seeds of " + ", ".join(
             f"`{v}`" for v in variants if v not in tested) + "."
     cmp = compare(grid.curves[grid.curves.variant.isin(tested)], baselines)
-    seen, rows = set(), []
-    for r in cmp.itertuples():
-        if (pair := frozenset((r.variant, r.baseline))) not in seen:
-            seen.add(pair)
-            rows.append([f"`{r.variant}` vs `{r.baseline}`", f"{r.n_seeds} vs {r.n_seeds_baseline}",
-                         f"{100 * r.difference:+.1f} [{100 * r.difference_ci_low:+.1f}, "
-                         f"{100 * r.difference_ci_high:+.1f}]", _p(r.p_permutation), _p(r.p_min_attainable),
-                         _p(r.p_holm), r.verdict])
+    rows = [[f"`{r.variant}` vs `{r.baseline}`", f"{r.n_seeds} vs {r.n_seeds_baseline}",
+             f"{100 * r.difference:+.1f} [{100 * r.difference_ci_low:+.1f}, {100 * r.difference_ci_high:+.1f}]",
+             _p(r.p_permutation), _p(r.p_min_attainable), _p(r.p_holm), r.verdict] for r in _pairs_once(cmp)]
     return out + "\n\n" + _table(["comparison", "seeds", "difference [95 % Welch CI]", "p", "min. p",
                                     f"Holm p (over {len(rows)})", "verdict"], rows)
 
