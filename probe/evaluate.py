@@ -36,8 +36,10 @@ from probe.core.meta import variant_name
 from probe.core.progress import progress_iter
 from probe.core.rows import CONTROL, check_row
 from probe.core.seeds import EVALUATE
+from probe.core.stats import fraction_above
 from probe.errors import ProbeError
 from probe.memory import PeakMemory, Plan, check_lengths, fit_batch_size, plan_lengths
+from probe.results import FACTORS, SOLVED
 from probe.tasks import SUBTASKS, TaskConfig
 
 if TYPE_CHECKING:
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["accuracy_at_length", "check_lengths", "eval_seed", "evaluate_checkpoints", "lengthgen_score",
            "factor_subtask", "length_curve", "main", "multiples", "parse_lengths", "plot_length_curves", "scores",
-           "state_factors", "summary_table"]
+           "solved_table", "state_factors", "summary_table"]
 
 EVAL_SEED_BASE = EVALUATE
 """Evaluation batches come from seeds far from the training seeds (which are ``seed * 1_000_003 + step``)."""
@@ -143,21 +145,26 @@ def accuracy_at_length(
 def length_curve(
     model: HookedSequenceModel, task: TaskConfig, lengths: Iterable[int], n_samples: int = 256,
     batch_size: int = 256, seed: int = 0, progress: bool = False, desc: str = "lengths", factors: bool = False,
+    longest_first: bool = True,
 ) -> pd.DataFrame:
     """One row per (length, subtask): ``length, subtask, token_acc, seq_acc, n_tokens``.
 
     Each length's forward passes use the largest sub-batch that fits in memory (``probe.memory``); a length at
-    which not even one sequence fits raises ``ProbeError`` before anything runs."""
+    which not even one sequence fits raises ``ProbeError`` before anything runs. The rows come in the order of
+    ``lengths``; the lengths run longest first (each length's sequences are drawn from its own seed, so the order
+    changes no number). Longest first because in ascending order every length's tensors are a little larger than
+    the ones just freed: glibc's allocator then keeps the freed blocks and takes new ones, and the resident memory
+    of ``--lengths 1:400`` grew to 3.6 GB at 16 sequences a length against 0.5 GB longest first
+    (``benchmarks/evaluate_memory.py --order``). It also meets a length that cannot fit at once, not at the end."""
     lengths = list(lengths)
     device = next(model.parameters()).device
     check_lengths(model.cfg, task, lengths, device)  # before any work
-    rows: list[dict[str, Any]] = []
-    for length in progress_iter(lengths, desc, progress):
+    by_length: dict[int, list[dict[str, Any]]] = {}
+    for length in progress_iter(sorted(set(lengths), reverse=longest_first), desc, progress):
         fits = fit_batch_size(model.cfg, length, batch_size, device, prefix=task.prefix_len)
-        for subtask, acc in accuracy_at_length(model, task, length, n_samples, batch_size, seed,
-                                               forward_batch=fits, factors=factors).items():
-            rows.append({"length": length, "subtask": subtask, **acc})
-    return pd.DataFrame(rows)
+        by_length[length] = [{"length": length, "subtask": subtask, **acc} for subtask, acc in accuracy_at_length(
+            model, task, length, n_samples, batch_size, seed, forward_batch=fits, factors=factors).items()]
+    return pd.DataFrame([row for length in dict.fromkeys(lengths) for row in by_length[length]])
 
 
 def lengthgen_score(curve: pd.DataFrame, train_length: int, factor: int = 3) -> dict[str, float]:
@@ -223,12 +230,12 @@ def _spread(values: pd.Series) -> str:
     return f"{100 * values.mean():.1f} ± {100 * values.std(ddof=1):.1f}"
 
 
-def summary_table(curves: pd.DataFrame, factors: Sequence[int] = (1, 2, 3, 4)) -> pd.DataFrame:
+def summary_table(curves: pd.DataFrame, factors: Sequence[int] = FACTORS) -> pd.DataFrame:
     """Mean ± sample standard deviation over seeds of token accuracy (percent; the mean alone for one seed, which has
     no spread to show), per label and subtask: averaged over the
-    in-distribution lengths (``1..1x``, the lengths evaluated up to L_train), at k x L_train, at each other
-    evaluated length when there are few (``L=30``), and the length-generalization score (where a length in
-    (L_train, 3 L_train] was evaluated)."""
+    in-distribution lengths (``1..1x``, the lengths evaluated up to L_train), at k x L_train for each of ``factors``
+    that was evaluated (1x-4x, 8x, 16x: the sweep's report's lengths), at each other evaluated length when there are
+    few (``L=30``), and the length-generalization score (where a length in (L_train, 3 L_train] was evaluated)."""
     rows = []
     multiple = curves.length % curves.train_length == 0
     others = sorted(set(curves.length[~multiple].astype(int)))
@@ -249,6 +256,23 @@ def summary_table(curves: pd.DataFrame, factors: Sequence[int] = (1, 2, 3, 4)) -
         sc = scores(g)
         if len(sc) and sc.lengthgen_score.notna().any():
             row["score"] = f"{100 * sc.lengthgen_score.mean():.1f}"
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def solved_table(curves: pd.DataFrame, threshold: float = SOLVED, factors: Sequence[int] = FACTORS) -> pd.DataFrame:
+    """Per label and subtask, at each of ``factors`` x L_train that was evaluated: how many seeds exceed
+    ``threshold`` token accuracy (``3/3``, the sweep report's count) and the sequences with every answer right
+    (exact match, percent, mean over seeds): ``3/3 · 74.6``. A mean token accuracy hides whether one seed failed
+    or every seed slipped a little; these two say which."""
+    rows = []
+    for (label, subtask), g in curves.groupby(["label", "subtask"]):
+        row: dict[str, Any] = {"label": label, "subtask": subtask}
+        for f in factors:
+            at = g[g.length == f * g.train_length]
+            if len(at) and at.token_acc.notna().any():
+                solved, n = fraction_above(at.token_acc.to_numpy(), threshold)
+                row[f"{f}x"] = f"{solved}/{n} · {100 * at.seq_acc.mean():.1f}"
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -367,6 +391,9 @@ def main(argv: list[str] | None = None) -> int:
             say(args, f"{r.checkpoint}: {r.label}, seed {r.seed}, trained in {r.precision} "
                       f"(AdamW {r.optimizer_impl})")
         say(args, summary_table(curves).to_string(index=False))
+        say(args, f"\nseeds above {100 * SOLVED:.0f} % token accuracy · sequences with every answer right (%, mean "
+                  "over seeds):")
+        say(args, solved_table(curves).to_string(index=False))
         result = evaluation_envelope(curves, paths)
         result["memory"] = {"planned_bytes": plan.bytes, "planned_batch": plan.batch, "planned_length": plan.length,
                             "available_bytes": plan.available, "measured_bytes": peak.bytes, "measured_by": peak.method}

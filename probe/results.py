@@ -18,6 +18,9 @@ from probe.errors import ProbeError
 RUNS, CURVES, TRAINING = "runs.jsonl", "curves.csv", "training.csv"
 EVAL, METRICS, FINAL, SWEEP = "eval.json", "metrics.jsonl", "final.pt", "sweep.json"
 FACTORS = (1, 2, 3, 4, 8, 16)
+"""The multiples of L_train that reports show (where evaluated): every one to 4x, then 8x and 16x."""
+SOLVED = 0.9
+"""A seed 'solves' a length when its token accuracy there exceeds this (reports count such seeds)."""
 SUBTASKS = ("state", "recall", "all")
 _CURVE_COLUMNS = ["variant", "seed", "length", "subtask", "n_tokens", "correct", "seq_acc"]
 _INT_KEYS = {"seed", "train_length", "steps", "switch_step", "eval_samples"}

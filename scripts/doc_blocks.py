@@ -443,5 +443,7 @@ from doc_blocks_dense import BLOCKS as _DENSE  # noqa: E402
 
 BLOCKS.update(_DENSE)
 from doc_blocks_deep import BLOCKS as _DEEP  # noqa: E402
+from doc_blocks_long import BLOCKS as _LONG  # noqa: E402
 
 BLOCKS.update(_DEEP)
+BLOCKS.update(_LONG)

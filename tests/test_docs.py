@@ -96,3 +96,38 @@ def test_a_pair_listed_as_the_same_cut_must_agree_seed_for_seed(copy):
         assert done.returncode != 0 and "same cut" in done.stdout + done.stderr
     finally:
         curves.write_text(original)
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        import doc_blocks_deep
+        import doc_blocks_long
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    return doc_blocks_deep, doc_blocks_long
+
+
+def test_the_depth_screen_stops_a_point_only_when_its_target_is_out_of_reach(blocks):
+    """4 of 5 seeds below 50 % is the target: two screen seeds at or above 50 % rule it out, one does not."""
+    import pandas as pd
+
+    deep, _ = blocks
+    assert deep._screen_verdict(pd.Series([0.6, 0.5])).startswith("stops")  # 50 % is not below 50 %
+    assert deep._screen_verdict(pd.Series([0.3, 0.9])).startswith("advances")
+    assert deep._screen_verdict(pd.Series([0.2, 0.1])).startswith("advances")
+    assert deep._screen_verdict(pd.Series([0.2])).startswith("screen incomplete")
+
+
+def test_the_recipe_target_needs_both_subtasks_at_both_lengths(blocks):
+    """A seed meets the target only with state and recall >= 99 % at 4x and >= 95 % at 16x; each single miss fails."""
+    import pandas as pd
+
+    _, long = blocks
+    good = dict(state_acc_4x=0.995, recall_acc_4x=1.0, state_acc_16x=0.96, recall_acc_16x=0.99)
+    misses = [dict(good, state_acc_4x=0.985), dict(good, recall_acc_4x=0.98), dict(good, state_acc_16x=0.94),
+              dict(good, recall_acc_16x=0.9)]
+    met = long._meets_target(pd.DataFrame([good, *misses]))
+    assert list(met) == [True, False, False, False, False]
+    assert not long._meets_target(pd.DataFrame([{k: v for k, v in good.items() if "16x" not in k}])).any()

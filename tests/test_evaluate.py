@@ -109,6 +109,20 @@ def test_summary_spread_is_the_sample_sd_over_seeds():
     assert summary_table(curves, factors=(3,)).loc[0, "3x"] == "75.0 ± 35.4"
 
 
+def test_solved_table_counts_seeds_above_the_threshold_and_exact_match():
+    """One seed solves 3x (95 %), one does not (50 %): ``1/2``, and the exact-match mean (40 and 0 -> 20.0); 16x is
+    shown when it was evaluated, 4x is not shown when it was not."""
+    from probe.evaluate import solved_table
+
+    curves = pd.DataFrame({"checkpoint": ["a.pt", "b.pt", "a.pt", "b.pt"], "label": "m", "subtask": "state",
+                           "seed": [0, 1, 0, 1], "length": [12, 12, 64, 64], "train_length": 4,
+                           "token_acc": [0.95, 0.5, 0.99, 0.2], "seq_acc": [0.4, 0.0, 0.9, 0.0]})
+    table = solved_table(curves)
+    assert table.loc[0, "3x"] == "1/2 · 20.0" and table.loc[0, "16x"] == "1/2 · 45.0"
+    assert "4x" not in table.columns
+    assert solved_table(curves, threshold=0.99).loc[0, "16x"] == "0/2 · 45.0"  # strictly above, as the sweep counts
+
+
 def test_cli_human_table_shows_a_length_that_is_not_a_multiple(two_seeds, capsys):
     """``--lengths 6`` once printed only a score column: the accuracy at the asked length must show."""
     assert main([str(two_seeds[0]), "--lengths", "6", "--samples", "8"]) == 0

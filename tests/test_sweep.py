@@ -237,6 +237,30 @@ def test_finished_runs_are_skipped_and_a_changed_config_is_refused(local_sweep, 
     assert "trained with other configs" in capsys.readouterr().err
 
 
+def test_a_checkpoint_that_recorded_auto_resolved_is_reused_only_where_auto_resolves_the_same(tmp_path):
+    """Checkpoints from before ``auto`` was kept in the config hold the precision it resolved to (``bf16`` on a CPU
+    with native bf16). A sweep asking for ``auto`` reuses such a run where auto resolves to what it holds, and
+    refuses it where it would resolve to the other precision (the run would then not be this machine's run)."""
+    from probe.checkpoint import save_checkpoint
+    from probe.sweep.worker import check_final
+
+    cfg = config_from_presets(["lstm"], [0]).with_command_line(None, 10, [*TINY, "train.precision=auto"])
+    (run,) = cfg.runs(tmp_path)
+    execute_run(run, OPTS)
+    check_final(run)  # as trained: auto in the config, what it ran as in extra
+    here = precision_used("auto", torch.device("cpu"))[0]
+    ckpt = load_checkpoint(run.out / "final.pt")
+    del ckpt.extra["precision_used"]
+    for recorded, reused in ((here, True), ({"bf16": "fp32", "fp32": "bf16"}[here], False)):
+        ckpt.train_config["precision"] = recorded
+        save_checkpoint(run.out / "final.pt", ckpt)
+        if reused:
+            check_final(run)
+        else:
+            with pytest.raises(ProbeError, match="trained with other configs"):
+                check_final(run)
+
+
 def test_report_reproduces_results_json_from_the_run_folders(local_sweep, tmp_path):
     local, _ = local_sweep
     copy = tmp_path / "moved"

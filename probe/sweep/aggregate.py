@@ -16,13 +16,11 @@ import pandas as pd
 from probe.cli import envelope
 from probe.core.stats import fraction_above, t_interval
 from probe.errors import ProbeError
-from probe.results import FACTORS, Grid, has_run_folders, is_compact, load_grid, write_grid
+from probe.results import FACTORS, SOLVED, Grid, has_run_folders, is_compact, load_grid, write_grid
 from probe.sweep.config import SWEEP_FILE, config_from_dict
 from probe.sweep.worker import EVAL
 
 RESULTS, TABLE, FIGURE = "results.json", "results.md", "accuracy_vs_length.png"
-SOLVED = 0.9
-"""A seed 'solves' a length when its token accuracy there exceeds this (the report counts such seeds)."""
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 
 

@@ -60,7 +60,7 @@ def run_sweep(cfg: SweepConfig, out: str | Path, executor: Executor, opts: RunOp
             todo.append(run)
             continue
         try:
-            check_final(run)
+            check_final(run, opts.device)
             results[run.key] = RunResult(run.key, "skipped", run.out / LOG)
         except ProbeError as e:
             results[run.key] = RunResult(run.key, "failed", run.out / LOG, error=str(e))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import sys
@@ -17,6 +18,7 @@ import torch
 from probe.checkpoint import load_checkpoint
 from probe.errors import ProbeError
 from probe.evaluate import evaluate_checkpoints, evaluation_envelope
+from probe.hardware import precision_used
 from probe.sweep.config import Run, eval_lengths_for
 from probe.train import TrainConfig, build_configs, train
 
@@ -63,13 +65,21 @@ def run_state(run: Run) -> str:
     return "interrupted" if (run.out / "last.pt").exists() else "new"
 
 
-def check_final(run: Run) -> None:
-    """A finished run is only reused if it was trained with this run's configs (as ``--resume`` demands)."""
+def check_final(run: Run, device: str = "cpu") -> None:
+    """A finished run is only reused if it was trained with this run's configs (as ``--resume`` demands).
+
+    One difference is no difference: ``train.precision=auto`` against a checkpoint from before the trainer kept
+    ``auto`` in its config and recorded what it ran as (``extra["precision_used"]``) beside it, which holds the
+    resolved ``bf16`` or ``fp32`` instead. That checkpoint is this run's when ``auto`` resolves to the same precision
+    on ``device``; on a CPU where it resolves to the other one it is not, and is refused as before."""
     model_cfg, task_cfg, train_cfg = build_configs(run.preset, run.task, list(run.overrides), steps=run.steps,
                                                    seed=run.seed)
     ckpt = load_checkpoint(run.out / "final.pt")
-    if ckpt.model_config != model_cfg or ckpt.task_config != task_cfg or \
-            TrainConfig.from_dict(ckpt.train_config) != train_cfg:
+    recorded = TrainConfig.from_dict(ckpt.train_config)
+    if train_cfg.precision == "auto" and recorded.precision != "auto" and "precision_used" not in ckpt.extra \
+            and recorded.precision == precision_used("auto", torch.device(device))[0]:
+        recorded = dataclasses.replace(recorded, precision="auto")
+    if ckpt.model_config != model_cfg or ckpt.task_config != task_cfg or recorded != train_cfg:
         raise ProbeError(f"{run.out / 'final.pt'} was trained with other configs than this sweep's "
                          f"{run.key}; choose another --out or delete that run folder")
 
@@ -88,7 +98,7 @@ def execute_run(run: Run, opts: RunOptions) -> RunResult:
         try:
             resumed_from = None
             if state in ("trained", "finished"):
-                check_final(run)
+                check_final(run, opts.device)
                 status = "evaluated"
             else:
                 if state == "interrupted":
