@@ -281,7 +281,7 @@ def test_summary_rows_are_the_mean_and_t_interval_of_each_seeds_value(local_swee
     df = pd.DataFrame(json.loads((local / RESULTS).read_text())["results"])
     grid = load_grid(local)
     curves = grid.curves
-    assert len(curves) == 4 * 24 * 3  # runs x lengths 1..4x6 x subtasks, every one in curves.csv
+    assert len(curves) == 4 * 36 * 3  # runs x lengths (1..4x6, then every 6 to 16x: the default) x subtasks
     row = df[(df.variant == "lstm") & (df.subtask == "state") & (df.factor == 3) & (df.metric == "token_acc")].iloc[0]
     at3x = curves[(curves.variant == "lstm") & (curves.subtask == "state") & (curves.length == 18)].set_index("seed")
     assert row.seed_0 == at3x.token_acc[0] and row.seed_1 == at3x.token_acc[1]
@@ -296,7 +296,7 @@ def test_summary_rows_are_the_mean_and_t_interval_of_each_seeds_value(local_swee
     assert score.n_seeds == 2 and score["mean"] == pytest.approx(beyond.token_acc.mean())  # mean over (L, 3L]
     runs = grid.runs.set_index("run")
     assert runs.loc["lstm/seed1", "state_acc_3x"] == at3x.token_acc[1] and runs.loc["lstm/seed1", "steps"] == STEPS
-    assert runs.loc["lstm/seed1", "eval_samples"] == 16 and runs.loc["lstm/seed1", "eval_lengths"] == "1:24"
+    assert runs.loc["lstm/seed1", "eval_samples"] == 16 and runs.loc["lstm/seed1", "eval_lengths"] == "1:24,30:96:6"
 
 
 def test_controls_catch_a_sweep_that_mixed_up_its_seeds(local_sweep, tmp_path):

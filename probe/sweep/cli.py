@@ -26,13 +26,16 @@ from probe.sweep.runner import SweepOutcome, plan, run_sweep
 from probe.sweep.worker import RunOptions
 
 DEFAULT_SAMPLES, QUICK_SAMPLES = 256, 32
+DEFAULT_LENGTHS = "16x"
+"""A grid's final evaluation: every length to 4x L_train, then every L_train to 16x (1..100, 125, ..., 400)."""
 USAGE = """Usage:
   python -m probe.sweep CONFIG.toml --out DIR [--executor local|ray] [--jobs N] [--dry-run]
   python -m probe.sweep --preset P [P ...] --seeds S [S ...] [--steps N] [--set SECTION.FIELD=VALUE ...] --out DIR
   python -m probe.sweep DIR --report
 
 Each run is `python -m probe.train` with its config in DIR/VARIANT/seedS/ (log: train.log), then
-`python -m probe.evaluate` of its final.pt at lengths 1..4x L_train (--eval-lengths) into eval.json. A run with
+`python -m probe.evaluate` of its final.pt to 16x L_train (every length to 4x, then every L_train; --eval-lengths)
+into eval.json. A run with
 final.pt and eval.json is skipped; one with last.pt resumes from it. The whole command line and every run's
 configs are checked before any run starts. --report reads run folders or the compact form of results/ (runs.jsonl,
 curves.csv). Exit code 0 if every run succeeded, 1 if one failed, 2 on a bad command line or config."""
@@ -77,8 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-samples", type=positive_int, default=None,
                    help="sequences per length of each run's final evaluation (default: the config's, else 256)")
     p.add_argument("--eval-lengths", default=None, metavar="SPEC",
-                   help="lengths of the final evaluation: 4x (default: every length up to 4x L_train), 16x (that, "
-                        "then every L_train up to 16x), coarse, or a list such as 1:100,125:400:25")
+                   help="lengths of the final evaluation: 16x (default: every length up to 4x L_train, then "
+                        "every L_train up to 16x), 4x (every length up to 4x), coarse, or a list such as "
+                        "1:100,125:400:25; or eval_lengths in the config")
     p.add_argument("--eval-factors", action="store_true",
                    help="the final evaluation also reports the state answers modulo each prime-power factor of the "
                         "modulus (subtasks state_mod2, state_mod5; probe.evaluate --factors); or eval_factors = true")
@@ -125,10 +129,10 @@ def eval_options(args: argparse.Namespace, cfg: SweepConfig) -> tuple[int, str |
             reduced.append(f"{QUICK_SAMPLES} sequences per length instead of {DEFAULT_SAMPLES}")
         if lengths is None:
             lengths = "coarse"
-            reduced.append("every (L_train/5)-th length up to 4x instead of every length")
+            reduced.append(f"every (L_train/5)-th length up to 4x instead of {DEFAULT_LENGTHS}")
         note = "quick: evaluating " + ("; ".join(reduced) if reduced else "as asked (nothing reduced)")
-    if lengths is not None:
-        eval_lengths_for(lengths, 25)  # the grammar, before any run
+    lengths = lengths or DEFAULT_LENGTHS
+    eval_lengths_for(lengths, 25)  # the grammar, before any run
     return samples or DEFAULT_SAMPLES, lengths, note
 
 
