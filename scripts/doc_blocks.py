@@ -373,21 +373,29 @@ def sharpness(root: Path) -> str:
                    "recall acc (none / log-length)", "state acc (none / log-length)"], out)
 
 
-def sharpness_seeds(root: Path) -> str:
-    """Several seeds of a grid: per variant and length, each seed's recall accuracy without and with log-length
-    scaling, and its recall head's mass on the value (the head with the largest such mass at L_train, per seed)."""
+def _sharpness_of(path: Path) -> tuple[list[dict], dict, dict]:
+    """A ``probe.sharpness`` results.json: its rows, recall accuracy per (checkpoint, length, scale), and the recall
+    head's value-mass row per (checkpoint, length, scale), the recall head being each checkpoint's head with the
+    largest mass on the value at L_train without a scale."""
     import json
 
-    rows = json.loads((root / "results" / "sharpness" / "mechanism" / "results.json").read_text())["results"]
+    rows = json.loads(path.read_text())["results"]
     recall = {(r["checkpoint"], r["length"], r["scale"]): r["token_acc"] for r in rows
               if r["metric"] == "accuracy" and r["subtask"] == "recall"}
     value = [r for r in rows if r["metric"] == "attention_mass" and r["target"] == "value"]
-    head = {}  # checkpoint -> its recall head (layer, head): the largest mass on the value at L_train, no scale
+    head = {}  # checkpoint -> (its largest mass at L_train, layer, head)
     for r in value:
         if r["scale"] == "none" and r["length"] == r["train_length"] and r["mass"] > head.get(r["checkpoint"], (0,))[0]:
             head[r["checkpoint"]] = (r["mass"], r["layer"], r["head"])
     mass = {(r["checkpoint"], r["length"], r["scale"]): r for r in value
             if (r["layer"], r["head"]) == head[r["checkpoint"]][1:]}
+    return rows, recall, mass
+
+
+def sharpness_seeds(root: Path) -> str:
+    """Several seeds of a grid: per variant and length, each seed's recall accuracy without and with log-length
+    scaling, and its recall head's mass on the value (the head with the largest such mass at L_train, per seed)."""
+    rows, recall, mass = _sharpness_of(root / "results" / "sharpness" / "mechanism" / "results.json")
     out = []
     for label in dict.fromkeys(r["label"] for r in rows):
         ckpts = list(dict.fromkeys(r["checkpoint"] for r in rows if r["label"] == label))
@@ -404,6 +412,27 @@ def sharpness_seeds(root: Path) -> str:
                    "reference e^Δ/(e^Δ+n−1) (%)"], out)
 
 
+def sharpness_ssmax(root: Path) -> str:
+    """DAT on seeds 0-4 (the long grid) without a scale and with log-length at evaluation, beside DAT trained with
+    scalable softmax on the same seeds (sweeps/ssmax.toml): per length, each seed's recall, the seeds >= 99 %, and
+    the recall head's mass on the value (mean over seeds, t-interval)."""
+    base = root / "results" / "sharpness"
+    if not (base / "ssmax" / "results.json").is_file() or not (base / "long-dat" / "results.json").is_file():
+        return "No sharpness measurement of `sweeps/ssmax.toml`'s runs is committed yet."
+    out = []
+    for name, folder, scale in (("`dat`", "long-dat", "none"), ("`dat`, log-length at evaluation", "long-dat",
+                                                               "log-length"), ("`dat-ssmax`", "ssmax", "none")):
+        rows, recall, mass = _sharpness_of(base / folder / "results.json")
+        ckpts = list(dict.fromkeys(r["checkpoint"] for r in rows))
+        for length in sorted({r["length"] for r in rows}):
+            acc = [recall[c, length, scale] for c in ckpts]
+            out.append([name, len(ckpts), length, per_seed(acc), f"{int(sum(a >= 0.99 for a in acc))} of {len(acc)}",
+                        mean_ci([mass[c, length, scale]["mass"] for c in ckpts]),
+                        pct(float(np.mean([mass[c, length, scale]["reference"] for c in ckpts])))])
+    return _table(["model", "seeds", "L", "recall, each seed", "seeds ≥ 99 %", "recall head's mass (%) [95 % t-CI]",
+                   "reference e^Δ/(e^Δ+n−1) (%)"], out)
+
+
 def throughput(root: Path) -> str:
     """The benchmark's own table (``python benchmarks/throughput.py``, saved in results/throughput.txt)."""
     text = (root / "results" / "throughput.txt").read_text()
@@ -415,6 +444,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "throughput": throughput,
     "sharpness": sharpness,
     "sharpness-seeds": sharpness_seeds,
+    "sharpness-ssmax": sharpness_ssmax,
     "mechanism-shortcuts": mechanism_shortcuts,
     "headline": headline,
     "mechanism-short": mechanism_short,
