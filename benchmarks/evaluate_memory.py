@@ -57,9 +57,12 @@ def main() -> int:
                 f"{m['planned_batch']:>6} {m['measured_bytes'] / 2**20:>12.0f} {ratio:>6.2f}")
         if args.order:
             ref = subprocess.run([sys.executable, "-c", _ASCENDING, str(ckpt), args.lengths, str(args.samples)],
-                                 capture_output=True, text=True, cwd=ROOT, check=True)
-            asc = json.loads(ref.stdout.strip().splitlines()[-1])["measured_bytes"]
-            line += f" {asc / 2**20:>18.0f} {asc / m['planned_bytes']:>6.2f}"
+                                 capture_output=True, text=True, cwd=ROOT)
+            if ref.returncode != 0:
+                line += f" {'failed':>18} {'':>6}"
+            else:
+                asc = json.loads(ref.stdout.strip().splitlines()[-1])["measured_bytes"]
+                line += f" {asc / 2**20:>18.0f} {asc / m['planned_bytes']:>6.2f}"
         print(f"{line}  {m['measured_by']}", flush=True)
     return 0
 

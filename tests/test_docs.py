@@ -118,6 +118,10 @@ def test_the_depth_screen_stops_a_point_only_when_its_target_is_out_of_reach(blo
     assert deep._screen_verdict(pd.Series([0.3, 0.9])).startswith("advances")
     assert deep._screen_verdict(pd.Series([0.2, 0.1])).startswith("advances")
     assert deep._screen_verdict(pd.Series([0.2])).startswith("screen incomplete")
+    assert deep._screen_verdict(pd.Series([0.2], index=[3])).startswith("screen incomplete")  # not a screen seed
+    # an advanced point is judged on its screen seeds, its other seeds counted apart
+    full = deep._screen_verdict(pd.Series([0.3, 0.9, 0.6, 0.7, 0.8]))
+    assert full.startswith("advances") and "1 of 5 seeds below overall" in full
 
 
 def test_the_recipe_target_needs_both_subtasks_at_both_lengths(blocks):

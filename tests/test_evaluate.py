@@ -183,6 +183,23 @@ def test_a_length_too_long_for_memory_is_refused_naming_the_longest_that_fits():
     assert 1 < b < 256 and b * one <= budget / 2 < (b + 1) * one
 
 
+def test_lengths_run_longest_first_and_come_back_in_the_order_asked():
+    """The model sees the longest length first (ascending sizes once grew the resident set 7x), the rows keep the
+    asked order, a repeated length is evaluated once, and the numbers are those of the ascending order."""
+    from probe.evaluate import length_curve
+
+    task = make_task("interleaved", train_length=4)
+    model = tiny_model("hybrid", task.vocab_size)
+    seen: list[int] = []
+    model.hook_embed.add_hook(lambda act, hook: seen.append(act.shape[1]))
+    curve = length_curve(model, task, [12, 6, 30, 6], n_samples=8)
+    model.reset_hooks()
+    assert seen == sorted(seen, reverse=True) and len(set(seen)) == 3
+    assert list(dict.fromkeys(curve.length)) == [12, 6, 30]
+    ascending = length_curve(model, task, [12, 6, 30], n_samples=8, longest_first=False)
+    pd.testing.assert_frame_equal(curve, ascending)
+
+
 def test_memory_sub_batches_do_not_change_the_numbers(monkeypatch):
     """When memory allows only a few sequences per forward pass, the same sequences are drawn and scored."""
     from probe.evaluate import length_curve

@@ -259,6 +259,11 @@ def test_a_checkpoint_that_recorded_auto_resolved_is_reused_only_where_auto_reso
         else:
             with pytest.raises(ProbeError, match="trained with other configs"):
                 check_final(run)
+    # a checkpoint that records what it ran as asked for that precision literally, not for auto: not this run
+    ckpt.train_config["precision"], ckpt.extra["precision_used"] = here, here
+    save_checkpoint(run.out / "final.pt", ckpt)
+    with pytest.raises(ProbeError, match="trained with other configs"):
+        check_final(run)
 
 
 def test_report_reproduces_results_json_from_the_run_folders(local_sweep, tmp_path):
@@ -343,9 +348,9 @@ def test_out_pointing_at_a_file_is_one_line_exit_2(tmp_path, capsys):
 
 # --- evaluation options ---------------------------------------------------------------------------------------------
 def test_eval_lengths_grammar_and_its_compact_spelling():
-    assert eval_lengths_for(None, 25) == list(range(1, 101))
+    assert eval_lengths_for("4x", 25) == list(range(1, 101))
     sixteen = eval_lengths_for("16x", 25)
-    assert sixteen == list(range(1, 101)) + list(range(125, 401, 25))
+    assert sixteen == list(range(1, 101)) + list(range(125, 401, 25)) == eval_lengths_for(None, 25)  # the default
     assert lengths_spec(sixteen) == "1:100,125:400:25" and parse_lengths_spec("1:100,125:400:25") == sixteen
     assert eval_lengths_for("coarse", 25) == list(range(5, 101, 5))
     assert eval_lengths_for("25,75,1:3", 25) == [1, 2, 3, 25, 75]

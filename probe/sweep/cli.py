@@ -20,14 +20,12 @@ from probe.cli import (
 from probe.errors import ProbeError
 from probe.sweep.aggregate import FIGURE, RESULTS, TABLE, aggregate, markdown_table, write_report
 from probe.sweep.compare import compare, comparison_table, plot_seed_dots
-from probe.sweep.config import SweepConfig, config_from_presets, eval_lengths_for, load_config
+from probe.sweep.config import DEFAULT_LENGTHS, SweepConfig, config_from_presets, eval_lengths_for, load_config
 from probe.sweep.executors import default_jobs, make_executor
 from probe.sweep.runner import SweepOutcome, plan, run_sweep
 from probe.sweep.worker import RunOptions
 
 DEFAULT_SAMPLES, QUICK_SAMPLES = 256, 32
-DEFAULT_LENGTHS = "16x"
-"""A grid's final evaluation: every length to 4x L_train, then every L_train to 16x (1..100, 125, ..., 400)."""
 USAGE = """Usage:
   python -m probe.sweep CONFIG.toml --out DIR [--executor local|ray] [--jobs N] [--dry-run]
   python -m probe.sweep --preset P [P ...] --seeds S [S ...] [--steps N] [--set SECTION.FIELD=VALUE ...] --out DIR

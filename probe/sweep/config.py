@@ -223,15 +223,20 @@ def _steps(value: Any, where: str) -> int | None:
     return value
 
 
+DEFAULT_LENGTHS = "16x"
+"""A grid's final evaluation unless its config or command line says otherwise: every length to 4x L_train, then
+every L_train to 16x (1..100, 125, ..., 400 at L_train 25)."""
+
+
 def eval_lengths_for(spec: str | None, train_length: int) -> list[int]:
-    """The lengths a run is evaluated at. ``None`` or ``"4x"``: every length up to 4x L_train. ``"Kx"`` with K > 4:
-    that, then every L_train up to K x L_train (16x of L 25: 1..100, 125, 150, ..., 400). ``"coarse"``: every
-    (L_train / 5)-th length up to 4x. Otherwise a comma list of lengths and START:STOP[:STEP] ranges
+    """The lengths a run is evaluated at. ``None``: ``DEFAULT_LENGTHS``. ``"4x"``: every length up to 4x L_train.
+    ``"Kx"`` with K > 4: that, then every L_train up to K x L_train (16x of L 25: 1..100, 125, 150, ..., 400).
+    ``"coarse"``: every (L_train / 5)-th length up to 4x. Otherwise a comma list of lengths and START:STOP[:STEP] ranges
     (``"1:100,125:400:25"``); pieces combine."""
     from probe.core.lengths import parse_lengths
 
     if spec is None:
-        return list(range(1, 4 * train_length + 1))
+        spec = DEFAULT_LENGTHS
     out: set[int] = set()
     for part in spec.split(","):
         part = part.strip()

@@ -28,7 +28,7 @@ LOG, EVAL = "train.log", "eval.json"
 @dataclass(frozen=True)
 class RunOptions:
     """What every run of a sweep shares. ``eval_samples``: sequences per length of the final evaluation;
-    ``eval_lengths``: its lengths (``probe.sweep.config.eval_lengths_for``; None: every length up to 4x L_train);
+    ``eval_lengths``: its lengths (``probe.sweep.config.eval_lengths_for``; None: ``DEFAULT_LENGTHS``, to 16x);
     ``eval_factors``: also the state answers' accuracy modulo each factor of the modulus (``probe.evaluate
     --factors``); ``note``: a line for every run's log (what ``--quick`` reduced)."""
 
@@ -71,7 +71,8 @@ def check_final(run: Run, device: str = "cpu") -> None:
     One difference is no difference: ``train.precision=auto`` against a checkpoint from before the trainer kept
     ``auto`` in its config and recorded what it ran as (``extra["precision_used"]``) beside it, which holds the
     resolved ``bf16`` or ``fp32`` instead. That checkpoint is this run's when ``auto`` resolves to the same precision
-    on ``device``; on a CPU where it resolves to the other one it is not, and is refused as before."""
+    on ``device``; on a CPU where it resolves to the other one it is not, and is refused as before. (With Ray on a
+    cluster this runs on the driver: a driver whose hardware differs from the training nodes' judges by its own.)"""
     model_cfg, task_cfg, train_cfg = build_configs(run.preset, run.task, list(run.overrides), steps=run.steps,
                                                    seed=run.seed)
     ckpt = load_checkpoint(run.out / "final.pt")
