@@ -429,8 +429,17 @@ def sharpness_ssmax(root: Path) -> str:
             out.append([name, len(ckpts), length, per_seed(acc), f"{int(sum(a >= 0.99 for a in acc))} of {len(acc)}",
                         mean_ci([mass[c, length, scale]["mass"] for c in ckpts]),
                         pct(float(np.mean([mass[c, length, scale]["reference"] for c in ckpts])))])
-    return _table(["model", "seeds", "L", "recall, each seed", "seeds ≥ 99 %", "recall head's mass (%) [95 % t-CI]",
-                   "reference e^Δ/(e^Δ+n−1) (%)"], out)
+    table = _table(["model", "seeds", "L", "recall, each seed", "seeds ≥ 99 %", "recall head's mass (%) [95 % t-CI]",
+                    "reference e^Δ/(e^Δ+n−1) (%)"], out)
+    if not (root / "results" / "ssmax" / "runs.jsonl").is_file():
+        return table
+    ssmax = _runs(_grid(root, "ssmax"), "dat-ssmax")
+    dat = _runs(_grid(root, "long"), "dat")
+    dat = dat[dat.seed.isin(ssmax.seed)]
+    return table + (f"\n\nThe grids' evaluation (256 sequences a length), seeds {', '.join(map(str, ssmax.seed))}: "
+                    f"state accuracy at 16x `dat` {per_seed(dat.state_acc_16x)}, `dat-ssmax` "
+                    f"{per_seed(ssmax.state_acc_16x)}; at 4x `dat` {per_seed(dat.state_acc_4x)}, `dat-ssmax` "
+                    f"{per_seed(ssmax.state_acc_4x)}; recall at 16x `dat-ssmax` {per_seed(ssmax.recall_acc_16x)}.")
 
 
 def throughput(root: Path) -> str:
