@@ -63,7 +63,7 @@ def deep(root: Path) -> str:
     return table + ("\n\nDepth's effect, same seeds: " + "; ".join(tests) + "." if tests else "")
 
 
-SCREEN = {"deep4-lr1e-3-joint": "lr 1e-3", "deep4-9000-joint": "9000 steps", "deep4-d64-joint": "d_model 64"}
+SCREEN = {"deep4-d64-joint": "d_model 64", "deep4-lr1e-3-joint": "lr 1e-3", "deep4-9000-joint": "9000 steps"}
 """The search's later points (sweeps/deep.toml), each one change from point 1 (4 blocks at the presets' settings),
 screened with two joint seeds before any DAT run."""
 SCREEN_SEEDS, TARGET_BELOW, TARGET_OF = (0, 1), 4, 5
