@@ -153,8 +153,8 @@ def length_curve(
     which not even one sequence fits raises ``ProbeError`` before anything runs. The rows come in the order of
     ``lengths``; the lengths run longest first (each length's sequences are drawn from its own seed, so the order
     changes no number). Longest first because in ascending order every length's tensors are a little larger than
-    the ones just freed: glibc's allocator then keeps the freed blocks and takes new ones, and the resident memory
-    of ``--lengths 1:400`` grew to 3.6 GB at 16 sequences a length against 0.5 GB longest first
+    the ones just freed: glibc's allocator then keeps the freed blocks and takes new ones, and the resident set of
+    ``--lengths 1:400`` at 16 sequences a length grew by 3.3 GB (a 2-block hybrid), against 0.3 GB longest first
     (``benchmarks/evaluate_memory.py --order``)."""
     lengths = list(lengths)
     device = next(model.parameters()).device
