@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
+from doc_format import col as _col
 from doc_format import grid_of, mean_ci, p_text, pct, per_seed, runs_of
 from doc_format import table as _table
 
@@ -17,10 +17,6 @@ DEEP_CLIFF, SOLVED = 0.5, 0.95
 seeds, while DAT holds SOLVED at 3x in every seed."""
 PAIRS = {"deep4-joint": "joint", "deep4-dat": "dat"}
 """Each 4-block variant and the 2-block variant of the mechanism grid that differs from it only in depth."""
-
-
-def _col(r: pd.DataFrame, name: str) -> pd.Series:
-    return r[name] if name in r else pd.Series(np.nan, index=r.index)
 
 
 def _count(values: pd.Series, test) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from doc_format import col as _col
 from doc_format import grid_of, p_text, pct, per_seed, runs_of
 from doc_format import table as _table
 
@@ -22,10 +23,6 @@ FACTORS = (1, 2, 3, 4, 8, 16)
 BASELINES = {"joint": "`hybrid-joint`", "dat": "`hybrid-dat`"}
 RECIPE = "joint-4block"
 """The recipe grid's variant that trains the preset ``hybrid-recipe``."""
-
-
-def _col(r: pd.DataFrame, name: str) -> pd.Series:
-    return r[name] if name in r else pd.Series(np.nan, index=r.index)
 
 
 def _grid_or_none(root: Path, name: str):

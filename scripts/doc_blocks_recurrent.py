@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from doc_format import col as _col
 from doc_format import grid_of as _grid
 from doc_format import mean_ci, pct, per_seed
 from doc_format import p_text as _p
@@ -29,10 +30,6 @@ def _cells(variants: list[str]) -> list[tuple[str, list[str]]]:
     for v in variants:
         out.setdefault(cell_and_schedule(v)[0], []).append(v)
     return list(out.items())
-
-
-def _col(runs: pd.DataFrame, name: str) -> pd.Series:
-    return runs[name] if name in runs else pd.Series(np.nan, index=runs.index)
 
 
 def _solved(runs: pd.DataFrame, factor: int) -> str:

@@ -33,6 +33,11 @@ def grid_of(root: Path, name: str) -> Grid:
     return load_grid(root / "results" / name)
 
 
+def col(runs: pd.DataFrame, name: str) -> pd.Series:
+    """A column of a grid's runs, or NaN for each run where no run has it (a grid evaluated only to 4x has no 16x)."""
+    return runs[name] if name in runs else pd.Series(np.nan, index=runs.index)
+
+
 def runs_of(grid: Grid, variant: str) -> pd.DataFrame:
     return grid.runs[grid.runs.variant == variant].sort_values("seed")
 
