@@ -18,6 +18,7 @@ from probe.core.stats import (
     t_interval,
     welch_interval,
 )
+from probe.core.tables import pipe_table
 from probe.errors import ProbeError
 
 ALPHA = 0.05
@@ -85,20 +86,20 @@ def comparison_table(rows: pd.DataFrame) -> str:
     if rows.empty:
         return ""
     r0 = rows.iloc[0]
-    lines = [f"Against baselines: {r0.subtask} token accuracy (%) at {r0.factor}x L_train. Difference of means with "
-             "its Welch 95 % interval; p: exact two-sided permutation test over seeds (twice the smaller tail; "
-             f"min. p: the smallest those seed counts allow); Holm and BH: adjusted over the {int(r0.n_tests)} "
-             f"distinct tests of this table; verdict at Holm p < {ALPHA}.", "",
-             "| variant | baseline | seeds | mean [95 % CI] | baseline mean | difference [95 % CI] | p | min. p | "
-             "Holm p | BH p | verdict |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    head = ["variant", "baseline", "seeds", "mean [95 % CI]", "baseline mean", "difference [95 % CI]", "p", "min. p",
+            "Holm p", "BH p", "verdict"]
+    cells = []
     for r in rows.itertuples():
         ci = f" [{100 * r.mean_ci_low:.1f}, {100 * r.mean_ci_high:.1f}]" if np.isfinite(r.mean_ci_low) else ""
         dci = (f" [{100 * r.difference_ci_low:+.1f}, {100 * r.difference_ci_high:+.1f}]"
                if np.isfinite(r.difference_ci_low) else "")
-        lines.append(f"| {r.variant} | {r.baseline} | {r.n_seeds} vs {r.n_seeds_baseline} | {100 * r.mean:.1f}{ci} | "
-                     f"{100 * r.mean_baseline:.1f} | {100 * r.difference:+.1f}{dci} | {_p(r.p_permutation)} | "
-                     f"{_p(r.p_min_attainable)} | {_p(r.p_holm)} | {_p(r.p_bh)} | {r.verdict} |")
+        cells.append([r.variant, r.baseline, f"{r.n_seeds} vs {r.n_seeds_baseline}", f"{100 * r.mean:.1f}{ci}",
+                      f"{100 * r.mean_baseline:.1f}", f"{100 * r.difference:+.1f}{dci}", _p(r.p_permutation),
+                      _p(r.p_min_attainable), _p(r.p_holm), _p(r.p_bh), r.verdict])
+    lines = [f"Against baselines: {r0.subtask} token accuracy (%) at {r0.factor}x L_train. Difference of means with "
+             "its Welch 95 % interval; p: exact two-sided permutation test over seeds (twice the smaller tail; "
+             f"min. p: the smallest those seed counts allow); Holm and BH: adjusted over the {int(r0.n_tests)} "
+             f"distinct tests of this table; verdict at Holm p < {ALPHA}.", "", pipe_table(head, cells)]
     return "\n".join(lines) + "\n"
 
 
