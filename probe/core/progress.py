@@ -1,10 +1,11 @@
-"""Progress on stderr: a bar over a long loop, or one line, never under ``--json``."""
+"""Progress on stderr: a bar over a long loop, or one line, never under ``--json``. Every progress bar in probe
+comes from here (tqdm, written to stderr), so that ``--json``, ``--quiet`` and ``--no-progress`` silence them all."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -16,6 +17,39 @@ def progress_iter(items: Iterable[T], desc: str, enabled: bool, total: int | Non
     from tqdm.auto import tqdm
 
     return tqdm(items, desc=desc, leave=False, file=sys.stderr, total=total)
+
+
+class _Silent:
+    """A bar that draws nothing; ``write`` still prints its line (as tqdm's does when disabled)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def set_description(self, desc: str) -> None:
+        pass
+
+    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def set_postfix_str(self, text: str) -> None:
+        pass
+
+    def write(self, text: str, file: Any = None) -> None:
+        print(text, file=file or sys.stderr)
+
+    def close(self) -> None:
+        pass
+
+
+def progress_bar(total: int, desc: str, enabled: bool, initial: int = 0, unit: str = "it", leave: bool = True) -> Any:
+    """A bar of ``total`` steps on stderr that the caller advances (``update``, ``set_postfix_str``, ``write``,
+    ``close``): for loops whose steps arrive out of order or carry live numbers (runs of a sweep, training steps).
+    When not ``enabled``, an object with the same methods that draws nothing."""
+    if not enabled:
+        return _Silent()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave, file=sys.stderr, dynamic_ncols=True)
 
 
 def note(text: str, enabled: bool = True) -> None:

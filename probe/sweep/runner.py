@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from probe import __version__
+from probe.core.progress import progress_bar
 from probe.errors import ProbeError
 from probe.sweep.config import SWEEP_FILE, Run, SweepConfig
 from probe.sweep.executors import Executor
@@ -46,8 +47,6 @@ def run_sweep(cfg: SweepConfig, out: str | Path, executor: Executor, opts: RunOp
               progress: bool = True, worker: WorkerFn = execute_run) -> SweepOutcome:
     """Run every unfinished run of ``cfg`` in ``out/VARIANT/seedS`` on ``executor``; never raises for a run's own
     failure (see ``SweepOutcome.failed``). ``worker`` is what each run executes (tests wrap it to kill workers)."""
-    from tqdm import tqdm
-
     opts = opts or RunOptions()
     t0 = time.perf_counter()
     out = Path(out)
@@ -64,8 +63,7 @@ def run_sweep(cfg: SweepConfig, out: str | Path, executor: Executor, opts: RunOp
             results[run.key] = RunResult(run.key, "skipped", run.out / LOG)
         except ProbeError as e:
             results[run.key] = RunResult(run.key, "failed", run.out / LOG, error=str(e))
-    bar = tqdm(total=len(runs), initial=len(results), desc=cfg.name, unit="run", file=sys.stderr,
-               dynamic_ncols=True, disable=not progress)
+    bar = progress_bar(len(runs), cfg.name, progress, initial=len(results), unit="run")
     failed = sum(not r.ok for r in results.values())
     for result in results.values():
         if not result.ok:
