@@ -395,7 +395,7 @@ def test_report_and_compare_work_on_the_compact_form_alone(local_sweep, tmp_path
     assert any(r["row"] == "comparison" for r in mine["results"])
 
 
-def test_collect_runs_converts_losslessly_and_merges_a_grid_run_in_parts(local_sweep, tmp_path):
+def test_collect_runs_converts_losslessly_and_merges_a_grid_run_in_parts(local_sweep, tmp_path, capsys):
     local, _ = local_sweep
     part1, part2, dst = tmp_path / "part1", tmp_path / "part2", tmp_path / "results" / "grid"
     for part, seed in ((part1, 0), (part2, 1)):
@@ -415,32 +415,41 @@ def test_collect_runs_converts_losslessly_and_merges_a_grid_run_in_parts(local_s
             assert got.token_acc == r["token_acc"] and got.n_tokens == r["n_tokens"]  # bit for bit
             assert got.seq_acc == r["seq_acc"]
     assert (dst / RUNS).read_text().count("\n") == 4 and "\n " not in (dst / RUNS).read_text()  # no indentation
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import collect_runs
+    from probe.results import main as results_main
 
-    assert collect_runs.main([str(local), str(tmp_path / "other")]) == 0  # the script: convert and report
-    assert (tmp_path / "other" / "results.md").exists()
-    assert collect_runs.main([str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
+    assert results_main(["collect", str(local), str(tmp_path / "other")]) == 0  # the CLI: the same conversion
+    assert sorted(load_grid(tmp_path / "other").runs.run) == sorted(load_grid(local).runs.run)
+    capsys.readouterr()
+    assert results_main(["collect", str(tmp_path / "nowhere"), str(tmp_path / "x")]) == 2
+    (tmp_path / "a_file").write_text("")
+    assert results_main(["collect", str(local), str(tmp_path / "a_file")]) == 2
+    assert results_main(["collect", str(local)]) == 2  # no DST
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 3 and all(e.startswith("error: ") for e in errors)  # one line each
 
 
 def test_trajectory_regeneration_retrains_a_checkpoint_bit_for_bit(tmp_path):
     # What makes deleting committed trajectories safe: a shipped checkpoint's recorded configs and seed retrain
     # the same weights and the same snapshots (fp32, same CPU).
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import regenerate_trajectories
-
+    from probe.retrain import Source, retrain
+    from probe.retrain import main as retrain_main
     from probe.train import build_configs, train
 
     model_cfg, task_cfg, train_cfg = build_configs("hybrid-joint", "interleaved", TINY, steps=STEPS, seed=3)
     train(model_cfg, task_cfg, train_cfg, tmp_path / "original", progress=False)
-    (tmp_path / "shipped").mkdir()
-    shutil.copy(tmp_path / "original" / "final.pt", tmp_path / "shipped" / "tiny.pt")
-    diff = regenerate_trajectories.regenerate("tiny", [0, 20, 40], tmp_path / "work", tmp_path / "traj",
-                                              tmp_path / "shipped", progress=False)
+    shipped = tmp_path / "shipped"
+    (shipped / "trajectories" / "tiny").mkdir(parents=True)
+    shutil.copy(tmp_path / "original" / "final.pt", shipped / "tiny.pt")
+    diff = retrain(Source.of(shipped / "tiny.pt"), [0, 20, 40], tmp_path / "work", tmp_path / "traj", progress=False)
     assert diff == 0.0
     for step in (0, 20, 40):
         name = f"step_{step:06d}.pt"
         assert _same_weights(tmp_path / "original" / "trajectory" / name, tmp_path / "traj" / "tiny" / name)
+    # the CLI on a shipped checkpoint: by default the steps its shipped snapshots have
+    for step in (0, 40):
+        shutil.copy(tmp_path / "original" / "trajectory" / f"step_{step:06d}.pt", shipped / "trajectories" / "tiny")
+    assert retrain_main([str(shipped / "tiny.pt"), "--out", str(tmp_path / "cli"), "--no-progress"]) == 0
+    assert sorted(p.name for p in (tmp_path / "cli" / "tiny").iterdir()) == ["step_000000.pt", "step_000040.pt"]
 
 
 def test_a_run_stopped_early_is_the_full_runs_beginning_and_resumes_to_its_end(tmp_path):
@@ -462,17 +471,17 @@ def test_a_run_stopped_early_is_the_full_runs_beginning_and_resumes_to_its_end(t
 def test_regenerating_a_runs_early_window_is_checked_against_its_own_snapshots(tmp_path):
     # --runs RUN --until N: dense snapshots of the first N steps, tied to the run by its own snapshots; a run whose
     # stored snapshot differs (here: one weight moved) is reported, not passed.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import regenerate_trajectories
-
     from probe.checkpoint import save_checkpoint
+    from probe.retrain import Source, retrain
+    from probe.retrain import main as retrain_main
     from probe.train import build_configs, train
 
     model_cfg, task_cfg, train_cfg = build_configs("hybrid-joint", "interleaved", TINY, steps=STEPS, seed=3)
     run = tmp_path / "grid" / "joint" / "seed3"
     train(model_cfg, task_cfg, train_cfg, run, progress=False)
-    name, diff = regenerate_trajectories.regenerate_run(run, [0, 5, 10, 15, 20], tmp_path / "work",
-                                                        tmp_path / "dense", progress=False, until=KILL_STEP)
+    source = Source.of(run)
+    name = source.name
+    diff = retrain(source, [0, 5, 10, 15, 20], tmp_path / "work", tmp_path / "dense", until=KILL_STEP, progress=False)
     assert (name, diff) == ("joint-seed3", 0.0)
     assert sorted(p.name for p in (tmp_path / "dense" / name).iterdir()) == [
         f"step_{s:06d}.pt" for s in (0, 5, 10, 15, 20)]
@@ -481,13 +490,11 @@ def test_regenerating_a_runs_early_window_is_checked_against_its_own_snapshots(t
     key = next(k for k in ckpt.state_dict if "lstm" in k and ckpt.state_dict[k].is_floating_point())
     ckpt.state_dict[key] = ckpt.state_dict[key] + 0.5
     save_checkpoint(snap, ckpt)
-    _, diff = regenerate_trajectories.regenerate_run(run, [0, 20], tmp_path / "work", tmp_path / "dense",
-                                                     progress=False, until=KILL_STEP)
+    diff = retrain(source, [0, 20], tmp_path / "work", tmp_path / "dense", until=KILL_STEP, progress=False)
     assert diff >= 0.49
-    assert regenerate_trajectories.main(["--runs", str(run), "--until", str(STEPS + 1), "--out",
-                                         str(tmp_path / "x")]) == 2
-    assert regenerate_trajectories.main(["--runs", str(run), "--until", "10", "--steps", "0", "20", "--out",
-                                         str(tmp_path / "x")]) == 2
+    assert retrain_main([str(run), "--until", str(STEPS + 1), "--out", str(tmp_path / "x")]) == 2
+    assert retrain_main([str(run), "--until", "10", "--steps", "0", "20", "--out", str(tmp_path / "x")]) == 2
+    assert retrain_main([str(tmp_path / "grid" / "joint"), "--out", str(tmp_path / "x")]) == 2  # not a run folder
 
 
 # Last: it leaves Ray a worker short. retries=0, so that no fresh worker has to import torch only to die again.
