@@ -1,26 +1,12 @@
-"""``python -m probe.sharpness``: parse arguments, run ``analyze`` per checkpoint, print tables or JSON, save."""
+"""``python -m probe.sharpness``: the options, and a run that measures every checkpoint into one report."""
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
 
-from probe.cli import (
-    add_checkpoints,
-    add_common_args,
-    add_lengths,
-    add_samples,
-    add_threads,
-    envelope,
-    make_parser,
-    resolve_device,
-    run_cli,
-    say,
-    seed_and_threads,
-    write_outputs,
-)
+from probe.cli import resolve_device
 from probe.errors import ProbeError
+from probe.runner import CheckpointOptions, Command, Report, lengths_option, option, samples_option, threads_option
 
 SCALES = ("none", "log-length")  # = probe.sharpness.measure.SCALES, repeated so that --help imports no model
 DESCRIPTION = ("Softmax sharpness: per recall query, the attention mass each head puts on the queried key and on "
@@ -43,66 +29,56 @@ controls rows: checkpoint, control, kind, passed, value and what was compared:
 A model without attention, or a task without a dictionary, gives one line (notes) and no rows."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = make_parser("python -m probe.sharpness", DESCRIPTION, HELP_JSON)
-    add_checkpoints(parser)
-    add_lengths(parser, "1x,4x,8x,16x L_train")
-    add_samples(parser, 64)
-    parser.add_argument("--scale", choices=SCALES, default="none",
-                        help="log-length: also evaluate with the logits at a query that sees n keys multiplied by "
-                             "max(1, log n / log n_train), n_train = prefix + L_train (default none)")
-    add_threads(parser, default=1)
-    add_common_args(parser)
-    return parser
+@dataclass
+class SharpnessOptions(CheckpointOptions):
+    lengths: list[int] | None = lengths_option("1x,4x,8x,16x L_train")
+    samples: int = samples_option(64)
+    scale: str = option("none", "log-length: also evaluate with the logits at a query that sees n keys multiplied by "
+                                "max(1, log n / log n_train), n_train = prefix + L_train (default none)",
+                        choices=SCALES)
+    threads: int = threads_option(1)
 
 
-def main(argv: list[str] | None = None) -> int:
-    def body(args: argparse.Namespace) -> dict[str, Any]:
-        import pandas as pd
+def run(opts: SharpnessOptions) -> Report:
+    import pandas as pd
 
-        from probe.checkpoint import load_checkpoint, resolve_checkpoints
-        from probe.core.lengths import multiples
-        from probe.memory import check_lengths
-        from probe.sharpness.measure import not_applicable
-        from probe.sharpness.plots import plot_mass
-        from probe.sharpness.report import analyze, summary_table
+    from probe.checkpoint import load_checkpoint, resolve_checkpoints
+    from probe.core.lengths import multiples
+    from probe.memory import check_lengths
+    from probe.sharpness.measure import not_applicable
+    from probe.sharpness.plots import plot_mass
+    from probe.sharpness.report import analyze, summary_table
 
-        seed_and_threads(args)
-        device = resolve_device(args.device)
-        paths = resolve_checkpoints(args.checkpoints)
-        ckpts = [load_checkpoint(p) for p in paths]
-        for path, ckpt in zip(paths, ckpts, strict=True):  # every file and length before any work
-            task = ckpt.task_config
-            if args.scale != "none" and ckpt.model_config.attn_scale == "ssmax":
-                raise ProbeError(f"{path}: trained with attn_scale=ssmax; --scale {args.scale} applies to models "
-                                 "trained without a logit scale")
-            if not_applicable(ckpt.model_config, task) is None:
-                lengths = args.lengths or multiples(task.train_length, (1, 4, 8, 16))
-                check_lengths(ckpt.model_config, task, [*lengths, task.train_length], device, name=str(path))
-        scales = ("none",) if args.scale == "none" else ("none", args.scale)
-        results = []
-        for ckpt in ckpts:
-            r = analyze(ckpt, args.lengths, args.samples, args.seed, scales, device)
-            if r.note:
-                say(args, f"{r.checkpoint}: {r.note}")
-            results.append(r)
-        mass = pd.concat([r.mass for r in results], ignore_index=True)
-        acc = pd.concat([r.accuracy for r in results], ignore_index=True)
-        if not mass.empty:
-            with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 200):
-                say(args, summary_table(mass, acc).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-        controls = [c for r in results for c in r.controls]
-        for c in controls:
-            say(args, f"{c['checkpoint']}: {c['control']} ({c['kind']}): {'passed' if c['passed'] else 'FAILED'}")
-        rows = ([{**r, "metric": "attention_mass"} for r in mass.to_dict("records")]
-                + [{**r, "metric": "accuracy"} for r in acc.to_dict("records")])
-        result = envelope("sharpness", [str(p) for p in paths], rows, controls,
-                          notes=[f"{r.checkpoint}: {r.note}" for r in results if r.note])
-        if args.out:
-            write_outputs(args.out, result, {"sharpness.png": plot_mass(mass, acc)}, dpi=150)
-            say(args, f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'sharpness.png'}")
-        if not results:
-            raise ProbeError("no checkpoints to analyse")
-        return result
+    device = resolve_device(opts.device)
+    paths = resolve_checkpoints(opts.checkpoints)
+    ckpts = [load_checkpoint(p) for p in paths]
+    for path, ckpt in zip(paths, ckpts, strict=True):  # every file and length before any work
+        task = ckpt.task_config
+        if opts.scale != "none" and ckpt.model_config.attn_scale == "ssmax":
+            raise ProbeError(f"{path}: trained with attn_scale=ssmax; --scale {opts.scale} applies to models "
+                             "trained without a logit scale")
+        if not_applicable(ckpt.model_config, task) is None:
+            lengths = opts.lengths or multiples(task.train_length, (1, 4, 8, 16))
+            check_lengths(ckpt.model_config, task, [*lengths, task.train_length], device, name=str(path))
+    if not ckpts:
+        raise ProbeError("no checkpoints to analyse")
+    scales = ("none",) if opts.scale == "none" else ("none", opts.scale)
+    results = [analyze(ckpt, opts.lengths, opts.samples, opts.seed, scales, device) for ckpt in ckpts]
+    text = [f"{r.checkpoint}: {r.note}" for r in results if r.note]
+    mass = pd.concat([r.mass for r in results], ignore_index=True)
+    acc = pd.concat([r.accuracy for r in results], ignore_index=True)
+    if not mass.empty:
+        with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 200):
+            text.append(summary_table(mass, acc).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    controls = [c for r in results for c in r.controls]
+    text += [f"{c['checkpoint']}: {c['control']} ({c['kind']}): {'passed' if c['passed'] else 'FAILED'}"
+             for c in controls]
+    rows = ([{**r, "metric": "attention_mass"} for r in mass.to_dict("records")]
+            + [{**r, "metric": "accuracy"} for r in acc.to_dict("records")])
+    return Report([str(p) for p in paths], rows, controls, "\n".join(text),
+                  figures=lambda: {"sharpness.png": plot_mass(mass, acc)}, dpi=150,
+                  extra={"notes": [f"{r.checkpoint}: {r.note}" for r in results if r.note]})
 
-    return run_cli(build_parser(), body, argv)
+
+COMMAND = Command("sharpness", SharpnessOptions, run, DESCRIPTION, HELP_JSON)
+main, build_parser = COMMAND.main, COMMAND.build_parser

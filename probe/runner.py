@@ -1,0 +1,217 @@
+"""One runner for every analysis CLI: an options dataclass is the command line, an analysis returns a ``Report``.
+
+A field of the options dataclass is a flag (``samples`` -> ``--samples``; a bool is a switch; its ``help``,
+``type``, hidden old spellings and so on in the field's metadata, written with ``option``). ``Options`` holds the
+flags every command shares (``--threads``, ``--json``, ``--out``, ``--device``, ``--seed``) and
+``CheckpointOptions`` those of every analysis of checkpoints (the checkpoints, ``--lengths`` in one grammar,
+``--samples``); a command subclasses one and adds its own fields. ``Command(name, options, run, ...)`` builds the
+parser, and its ``main`` parses, checks the paths and ``--out`` before any heavy import, seeds torch, calls
+``run(options) -> Report``, prints the report's text (nothing but the JSON object under ``--json``), writes
+``OUT/results.json`` (the envelope ``{probe_version, command, checkpoints, results, controls}``) and the report's
+figures, and turns a ``ProbeError`` into one line and exit code 2::
+
+    @dataclass
+    class SharpnessOptions(CheckpointOptions):
+        scale: str = option("none", "log-length: also ... (default %(default)s)", choices=("none", "log-length"))
+
+    COMMAND = Command("sharpness", SharpnessOptions, run, DESCRIPTION, HELP_JSON)
+    main, build_parser = COMMAND.main, COMMAND.build_parser
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
+
+from probe.cli import (
+    RESULTS,
+    Parser,
+    envelope,
+    lengths_arg,
+    make_parser,
+    nonnegative_int,
+    positive_int,
+    run_cli,
+    say,
+    seed_and_threads,
+    write_outputs,
+)
+from probe.core.lengths import GRAMMAR
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+__all__ = ["CheckpointOptions", "Command", "Options", "Report", "lengths_option", "option", "samples_option",
+           "threads_option"]
+
+Opts = TypeVar("Opts", bound="Options")
+_MISSING: Any = dataclasses.MISSING
+
+
+def option(default: Any = _MISSING, help: str = "", *, type: Callable[[str], Any] | None = None,
+           flag: str | None = None, aliases: Sequence[str] = (), metavar: str | None = None,
+           choices: Sequence[Any] | None = None, nargs: str | int | None = None, action: str | None = None,
+           positional: bool = False, order: int = 0,
+           default_factory: Callable[[], Any] | None = None) -> Any:
+    """A field of an options dataclass that is also a flag: ``--NAME`` (underscores as hyphens) unless ``flag``
+    spells it; a field whose default is a bool is a switch (``store_true``); ``type`` parses the text (default: the
+    default's type); ``aliases`` are old spellings that still parse, hidden from ``--help``; ``help`` may say
+    ``%(default)s``. ``order`` > 0 moves the flag after the command's own flags (the shared tail: --threads ...
+    --seed). A list default is copied for each instance."""
+    meta = {"help": help, "type": type, "flag": flag, "aliases": tuple(aliases), "metavar": metavar,
+            "choices": choices, "nargs": nargs, "action": action, "positional": positional, "order": order}
+    if default_factory is None and isinstance(default, list):
+        default_factory, default = (lambda d=tuple(default): list(d)), _MISSING
+    if default_factory is not None:
+        return field(default_factory=default_factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def lengths_option(default_help: str, aliases: Sequence[str] = ()) -> Any:
+    """``--lengths`` in the grammar of ``probe.core.lengths`` (None: the analysis's default, said in ``--help``)."""
+    return option(None, f"stream lengths: {GRAMMAR} (default: {default_help})", type=lengths_arg, metavar="LENGTHS",
+                  aliases=aliases)
+
+
+def samples_option(default: int, what: str = "sequences per length", aliases: Sequence[str] = ()) -> Any:
+    """``--samples``: how many sequences, per length."""
+    return option(default, f"{what} (default {default})", type=positive_int, metavar="N", aliases=aliases)
+
+
+def threads_option(default: int = 0) -> Any:
+    """``--threads`` (0 = torch's default)."""
+    shown = "torch's default" if default == 0 else str(default)
+    return option(default, f"CPU threads for torch (0 = torch's default; default: {shown})", type=nonnegative_int,
+                  metavar="N", order=1)
+
+
+OUT_HELP = f"directory for {RESULTS} (the --json object) and the figures (nothing written if omitted)"
+
+
+@dataclass
+class Options:
+    """The flags every command shares."""
+
+    threads: int = threads_option(0)
+    json: bool = option(False, "print exactly one JSON object on stdout (human text is suppressed)", order=3)
+    out: str | None = option(None, OUT_HELP, metavar="DIR", order=4)
+    device: str = option("auto", "cpu, cuda, cuda:N or auto (default: cuda if available)", order=5)
+    seed: int = option(0, "seed for every random draw (default 0)", type=int, order=6)
+
+
+@dataclass
+class CheckpointOptions(Options):
+    """The flags of every analysis of checkpoints; a subclass redefines ``lengths`` and ``samples`` to say its
+    defaults."""
+
+    checkpoints: list[str] = option(help="checkpoint files, run or trajectory directories, or globs",
+                                    positional=True, nargs="+", default_factory=list)
+    lengths: list[int] | None = lengths_option("the analysis's")
+    samples: int = samples_option(64)
+
+
+def stored_gate_option() -> Any:
+    """``--stored-gate``: the gate stored in the checkpoint instead of the schedule's gate at its step."""
+    return option(False, "use the gate stored in the checkpoint, not the schedule's gate at its step", order=2)
+
+
+@dataclass
+class Report:
+    """What an analysis returns to the runner: the envelope's rows, the text a person reads, and the figures.
+
+    ``figures`` is called only when ``--out`` asks for files (drawing costs time); ``extra`` adds keys to the
+    envelope (``notes``, ``memory``); ``save`` writes further files into ``--out`` beside ``results.json`` and
+    the figures, and returns their names."""
+
+    checkpoints: list[str]
+    results: list[dict[str, Any]]
+    controls: list[dict[str, Any]] = field(default_factory=list)
+    text: str = ""
+    figures: Callable[[], dict[str, Figure]] | None = None
+    dpi: int = 120
+    extra: dict[str, Any] = field(default_factory=dict)
+    save: Callable[[Path, dict[str, Any]], list[str]] | None = None
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata.get("flag") or "--" + f.name.replace("_", "-")
+
+
+def _argument(f: dataclasses.Field) -> tuple[list[str], dict[str, Any]]:
+    """``add_argument``'s arguments for one field."""
+    m = f.metadata
+    default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    kw: dict[str, Any] = {"help": m["help"]}
+    if m["positional"]:
+        return [f.name], {**kw, "nargs": m["nargs"]}
+    kw["dest"] = f.name
+    kw["default"] = default
+    if m["action"] or isinstance(default, bool):
+        kw["action"] = m["action"] or "store_true"
+        return [_flag(f)], kw
+    kw["type"] = m["type"] or (type(default) if default is not None else None)
+    for key in ("metavar", "choices", "nargs"):
+        if m[key] is not None:
+            kw[key] = m[key]
+    return [_flag(f)], kw
+
+
+@dataclass(frozen=True)
+class Command(Generic[Opts]):
+    """One ``python -m probe.NAME`` command: ``options`` (a dataclass of ``option`` fields) and ``run(options) ->
+    Report``. ``description`` heads ``--help``; ``epilog`` documents the JSON columns. ``results_file``: whether
+    ``--out`` receives ``results.json`` (``probe.figures`` writes figures and their index only)."""
+
+    name: str
+    options: type[Opts]
+    run: Callable[[Opts], Report]
+    description: str
+    epilog: str | None = None
+    results_file: bool = True
+
+    @property
+    def prog(self) -> str:
+        return f"python -m probe.{self.name}"
+
+    def build_parser(self) -> Parser:
+        """The parser: one argument per field, the command's own flags between the shared head (checkpoints,
+        --lengths, --samples) and the shared tail (--threads ... --seed)."""
+        parser = make_parser(self.prog, self.description, self.epilog)
+        fields = [f for f in dataclasses.fields(self.options) if f.init]
+        for f in sorted(fields, key=lambda f: f.metadata.get("order", 0)):
+            if "help" not in f.metadata:
+                continue  # a plain field the command fills itself
+            args, kw = _argument(f)
+            parser.add_argument(*args, **kw)
+            for alias in f.metadata["aliases"]:
+                parser.add_argument(alias, dest=f.name, type=kw.get("type"), help=argparse.SUPPRESS)
+        return parser
+
+    def parse(self, argv: list[str] | None = None) -> Opts:
+        """The options of a command line (argparse's exit on a bad one: one line, code 2)."""
+        return self.from_namespace(self.build_parser().parse_args(argv))
+
+    def from_namespace(self, args: argparse.Namespace) -> Opts:
+        names = {f.name for f in dataclasses.fields(self.options) if f.init}
+        return self.options(**{k: v for k, v in vars(args).items() if k in names})
+
+    def main(self, argv: list[str] | None = None) -> int:
+        """Parse, check, run, print, write; 0 on success, 2 with one line on a user error."""
+        return run_cli(self.build_parser(), lambda args: self._body(self.from_namespace(args)), argv)
+
+    def _body(self, opts: Opts) -> dict[str, Any]:
+        seed_and_threads(opts)  # type: ignore[arg-type]
+        report = self.run(opts)
+        result = envelope(self.name, report.checkpoints, report.results, report.controls, **report.extra)
+        if report.text:
+            say(opts, report.text)  # type: ignore[arg-type]
+        if opts.out and self.results_file:
+            figures = report.figures() if report.figures else {}
+            write_outputs(opts.out, result, figures, dpi=report.dpi)
+            names = [RESULTS, *figures, *(report.save(Path(opts.out), result) if report.save else [])]
+            say(opts, f"wrote {', '.join(names)} to {opts.out}")  # type: ignore[arg-type]
+        return result
