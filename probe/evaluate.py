@@ -35,12 +35,12 @@ from probe.core.lengths import multiples, parse_lengths, up_to
 from probe.core.meta import variant_name
 from probe.core.progress import progress_iter
 from probe.core.rows import CONTROL, check_row
-from probe.core.seeds import EVALUATE
 from probe.core.stats import fraction_above
 from probe.errors import ProbeError
 from probe.memory import PeakMemory, Plan, check_lengths, fit_batch_size, plan_lengths
 from probe.results import FACTORS, SOLVED
 from probe.tasks import SUBTASKS, TaskConfig
+from probe.windows import eval_seed, factor_subtask, state_factors, windows_of
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -49,39 +49,7 @@ if TYPE_CHECKING:
 
 __all__ = ["accuracy_at_length", "check_lengths", "eval_seed", "evaluate_checkpoints", "lengthgen_score",
            "factor_subtask", "length_curve", "main", "multiples", "parse_lengths", "plot_length_curves", "scores",
-           "solved_table", "state_factors", "summary_table"]
-
-EVAL_SEED_BASE = EVALUATE
-"""Evaluation batches come from seeds far from the training seeds (which are ``seed * 1_000_003 + step``)."""
-
-
-def eval_seed(seed: int, length: int, chunk: int) -> int:
-    return EVAL_SEED_BASE + seed * 1_000_000 + length * 1_000 + chunk
-
-
-def state_factors(m: int) -> list[int]:
-    """The prime-power factors of the modulus m (10 -> [2, 5]): Z_m = product of Z_q over them (the Chinese
-    remainder theorem), so a state answer is right iff it is right modulo every q. Empty when m is a prime power
-    (there is nothing smaller to be right about)."""
-    out, p, rest = [], 2, m
-    while rest > 1:
-        if p * p > rest:
-            out.append(rest)
-            break
-        if rest % p == 0:
-            q = 1
-            while rest % p == 0:
-                rest //= p
-                q *= p
-            out.append(q)
-        p += 1
-    return out if len(out) > 1 else []
-
-
-def factor_subtask(q: int) -> str:
-    """The subtask name under which the state answers' accuracy modulo q is reported (``state_mod2``)."""
-    return f"state_mod{q}"
-
+           "solved_table", "state_factors", "summary_table", "evaluate_windows", "windows_summary"]
 
 @torch.no_grad()
 def accuracy_at_length(
@@ -200,11 +168,61 @@ def evaluate_checkpoints(paths: Sequence[str | Path], lengths: Sequence[int] | N
         curve.insert(1, "label", variant_name(ckpt))
         curve.insert(2, "seed", ckpt.seed)
         curve["train_length"] = ckpt.task_config.train_length
-        # how it was trained, so that a table mixing precisions says so (older checkpoints: fp32, default AdamW)
-        curve["precision"] = ckpt.train_config.get("precision", "fp32") if ckpt.train_config else None
-        curve["optimizer_impl"] = ckpt.train_config.get("optimizer_impl", "default") if ckpt.train_config else None
+        for key, value in _trained_as(ckpt).items():
+            curve[key] = value
         frames.append(curve)
     return pd.concat(frames, ignore_index=True)
+
+
+def _trained_as(ckpt: Any) -> dict[str, Any]:
+    """How a checkpoint was trained, so that a table mixing precisions or devices says so (older checkpoints:
+    fp32, default AdamW, device not recorded)."""
+    train = ckpt.train_config or {}
+    return {"precision": ckpt.extra.get("precision_used", train.get("precision", "fp32")),
+            "optimizer_impl": train.get("optimizer_impl", "default"), "trained_on": ckpt.extra.get("device")}
+
+
+def evaluate_windows(paths: Sequence[str | Path], max_length: int | None = None, n_samples: int = 256,
+                     batch_size: int = 256, seed: int = 0, device: torch.device | str = "cpu",
+                     progress: bool = False) -> pd.DataFrame:
+    """The metric of record (``probe.windows``) of every checkpoint: one row per window of stream positions and
+    subtask (``state``, ``recall``, and ``state_mod{q}`` per factor q of the modulus), measured on ``n_samples``
+    sequences of ``max_length`` (default 16 x L_train of each checkpoint): ``checkpoint, label, seed, train_length,
+    evaluated_length, window, lo, hi, beyond, subtask, token_acc, seq_acc, n_tokens, chance, above_chance_by,
+    precision, optimizer_impl, trained_on``."""
+    from probe.checkpoint import load_checkpoint
+
+    ckpts = [load_checkpoint(path) for path in paths]
+    plans = [max_length or 16 * c.task_config.train_length for c in ckpts]
+    for ckpt, length in zip(ckpts, plans, strict=True):
+        check_lengths(ckpt.model_config, ckpt.task_config, [length], device, name=str(ckpt.path or ckpt.name))
+    frames = []
+    for path, ckpt, length in progress_iter(list(zip(paths, ckpts, plans, strict=True)), "windows", progress):
+        model = ckpt.build_model(device)
+        fits = fit_batch_size(model.cfg, length, batch_size, device, prefix=ckpt.task_config.prefix_len)
+        table = windows_of(model, ckpt.task_config, ckpt.task_config.train_length, length, n_samples, seed,
+                           batch_size, forward_batch=fits)
+        head = {"checkpoint": str(path), "label": variant_name(ckpt), "seed": ckpt.seed,
+                "train_length": ckpt.task_config.train_length, "evaluated_length": length}
+        frames.append(table.assign(**head, **_trained_as(ckpt))[[*head, *table.columns, "precision",
+                                                                   "optimizer_impl", "trained_on"]])
+    return pd.concat(frames, ignore_index=True)
+
+
+def windows_summary(windows: pd.DataFrame, subtasks: Sequence[str] | None = None) -> pd.DataFrame:
+    """Token accuracy (percent) per label, subtask and window: mean over seeds, the lowest seed, and the chance
+    floor, as a wide table (one column per window) for a terminal or a report."""
+    data = windows if subtasks is None else windows[windows.subtask.isin(subtasks)]
+    rows: list[dict[str, Any]] = []
+    for (label, subtask), g in data.groupby(["label", "subtask"], sort=False):
+        row: dict[str, Any] = {"label": label, "subtask": subtask, "seeds": g.seed.nunique(),
+                               "chance": f"{100 * g.chance.iloc[0]:.1f}"}
+        for name, w in g.groupby("window", sort=False):
+            acc = w.token_acc.dropna()
+            row[name] = (f"{100 * acc.mean():.1f}" + (f" (min {100 * acc.min():.1f})" if len(acc) > 1 else "")
+                         if len(acc) else "—")
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def scores(curves: pd.DataFrame) -> pd.DataFrame:
@@ -304,13 +322,22 @@ def plot_length_curves(curves: pd.DataFrame, subtasks: Sequence[str] = SUBTASKS)
     return fig
 
 
-def evaluation_envelope(curves: pd.DataFrame, paths: Sequence[str | Path]) -> dict[str, Any]:
-    """The ``--json`` object of ``evaluate_checkpoints(paths)``: length rows, length-generalization score rows and
-    chance controls (see ``--help``)."""
+def window_rows(windows: pd.DataFrame) -> list[dict[str, Any]]:
+    """``evaluate_windows``'s table as envelope rows: ``length`` null, ``metric`` "window"."""
+    return [{**{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()},
+             "length": None, "metric": "window"} for r in windows.to_dict("records")]
+
+
+def evaluation_envelope(curves: pd.DataFrame, paths: Sequence[str | Path],
+                        windows: pd.DataFrame | None = None) -> dict[str, Any]:
+    """The ``--json`` object of ``evaluate_checkpoints(paths)``: length rows, length-generalization score rows,
+    window rows (``evaluate_windows``, the metric of record) and chance controls (see ``--help``)."""
     rows = curves.drop(columns=["train_length"]).to_dict("records")
     rows += [{"checkpoint": r.checkpoint, "label": r.label, "seed": r.seed, "length": None,
               "subtask": r.subtask, "metric": "lengthgen_score", "token_acc": r.lengthgen_score,
               "seq_acc": None} for r in scores(curves).itertuples()]
+    if windows is not None and len(windows):
+        rows += window_rows(windows)
     from probe.checkpoint import load_checkpoint
 
     task = load_checkpoint(paths[0]).task_config
@@ -346,9 +373,16 @@ def memory_plan(paths: Sequence[str | Path], lengths: Sequence[int] | None = Non
 # --- CLI ---------------------------------------------------------------------------------------------------
 _HELP_JSON = """JSON (--json): results rows {checkpoint, label, seed, length, subtask (state|recall|all, and
 state_mod{q} with --factors), token_acc,
-seq_acc, n_tokens, train_length, precision, optimizer_impl (how the checkpoint was trained)}, plus one row per
+seq_acc, n_tokens, train_length, precision, optimizer_impl, trained_on (how and where the checkpoint was trained)},
+plus one row per
 checkpoint and subtask with length null, metric "lengthgen_score" and its value in token_acc (mean token accuracy
-over lengths in (L_train, 3 L_train]); controls rows {control: "chance", subtask,
+over lengths in (L_train, 3 L_train]), plus the metric of record: rows with length null, metric "window", {window
+("in range", "(1x, 2x]", ... "(16x, 32x]"), lo, hi (stream positions lo < t <= hi), beyond (every position past
+L_train), subtask (state, recall, state_mod{q} for each prime-power factor q of the modulus), token_acc, seq_acc
+(every answer in the window right), n_tokens, chance (1/m, 1/q, 1/n_values), above_chance_by, evaluated_length}:
+accuracy at the positions of each whole window covered by the longest length evaluated, measured on sequences of
+that length (the all-position mean at a length k x L_train mixes in-range positions in; claims are made from
+windows); controls rows {control: "chance", subtask,
 token_acc, kind "control", passed, worst_in_range}: the accuracy of guessing uniformly (state 1/m, recall
 1/n_values); passed when every checkpoint's mean token accuracy over lengths <= L_train beats it. memory
 {planned_bytes (the activations of the largest sub-batch at the costliest length, probe.memory's estimate),
@@ -386,6 +420,9 @@ def main(argv: list[str] | None = None) -> int:
         with PeakMemory(device) as peak:
             curves = evaluate_checkpoints(paths, args.lengths, args.samples, args.batch_size, args.seed, device,
                                           progress=not args.json, factors=args.factors)
+            longest = int(args.lengths and max(args.lengths) or 0) or None
+            windows = evaluate_windows(paths, longest, args.samples, args.batch_size, args.seed, device,
+                                       progress=not args.json)
         trained = curves.drop_duplicates("checkpoint")
         for r in trained.itertuples():
             say(args, f"{r.checkpoint}: {r.label}, seed {r.seed}, trained in {r.precision} "
@@ -396,7 +433,13 @@ def main(argv: list[str] | None = None) -> int:
             say(args, f"\nseeds above {100 * SOLVED:.0f} % token accuracy · sequences with every answer right (%, "
                       "mean over seeds):")
             say(args, solved.to_string(index=False))
-        result = evaluation_envelope(curves, paths)
+        if len(windows):
+            say(args, "\nthe metric of record: token accuracy (%) per window of stream positions, mean over "
+                      "checkpoints (lowest), beside chance:")
+            say(args, windows_summary(windows).to_string(index=False))
+        else:
+            say(args, "\nno whole window of positions to report: the longest length evaluated is below L_train")
+        result = evaluation_envelope(curves, paths, windows)
         result["memory"] = {"planned_bytes": plan.bytes, "planned_batch": plan.batch, "planned_length": plan.length,
                             "available_bytes": plan.available, "measured_bytes": peak.bytes, "measured_by": peak.method}
         say(args, f"memory: planned at most {plan.bytes / 2**20:.0f} MB of activations (sub-batches of {plan.batch} "

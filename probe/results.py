@@ -15,7 +15,7 @@ import pandas as pd
 
 from probe.errors import ProbeError
 
-RUNS, CURVES, TRAINING = "runs.jsonl", "curves.csv", "training.csv"
+RUNS, CURVES, TRAINING, WINDOWS = "runs.jsonl", "curves.csv", "training.csv", "windows.csv"
 EVAL, METRICS, FINAL, SWEEP = "eval.json", "metrics.jsonl", "final.pt", "sweep.json"
 FACTORS = (1, 2, 3, 4, 8, 16)
 """The multiples of L_train that reports show (where evaluated): every one to 4x, then 8x and 16x."""
@@ -23,6 +23,9 @@ SOLVED = 0.9
 """A seed 'solves' a length when its token accuracy there exceeds this (reports count such seeds)."""
 SUBTASKS = ("state", "recall", "all")
 _CURVE_COLUMNS = ["variant", "seed", "length", "subtask", "n_tokens", "correct", "seq_acc"]
+_WINDOW_COLUMNS = ["variant", "run", "seed", "window", "lo", "hi", "beyond", "subtask", "n_tokens", "right",
+                   "token_acc", "seq_acc", "chance"]
+"""A grid's windows (the metric of record, ``probe.windows``): one row per run x window x subtask."""
 _INT_KEYS = {"seed", "train_length", "steps", "switch_step", "eval_samples"}
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 # Training logs are for plots and thresholds (did the LSTM phase reach 95 % by step S?): 6 significant digits keep
@@ -34,7 +37,8 @@ _LOG_DIGITS = 6
 class Grid:
     """A grid's runs: ``runs`` (one summary row per run), ``curves`` (one row per run x length x subtask:
     ``variant, run, seed, label, train_length, length, subtask, token_acc, seq_acc, n_tokens, checkpoint``),
-    ``training`` (the runs' training logs) and, when read from run folders, each run's ``final.pt``."""
+    ``training`` (the runs' training logs), ``windows`` (accuracy per window of stream positions, per subtask and
+    factor: the metric of record, ``probe.windows``) and, when read from run folders, each run's ``final.pt``."""
 
     name: str
     runs: pd.DataFrame
@@ -42,6 +46,7 @@ class Grid:
     training: pd.DataFrame = field(default_factory=pd.DataFrame)
     checkpoints: dict[str, Path] = field(default_factory=dict)
     source: str = "compact"
+    windows: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=_WINDOW_COLUMNS))
 
     @property
     def variants(self) -> list[str]:
@@ -98,7 +103,7 @@ def _config_meta(config: dict[str, Any] | None, variant: str) -> tuple[Any, Any,
     """(model, task, train) configs of a variant of a sweep config, or None if the config does not name it."""
     if not config:
         return None
-    from probe.train import build_configs
+    from probe.training.overrides import build_configs
 
     for v in config.get("variant", []):
         if v.get("name", v.get("preset")) == variant:
@@ -116,8 +121,8 @@ def _train_meta(train: Any, log: list[dict[str, Any]]) -> dict[str, Any]:
     """Steps, precision, optimizer and the schedule's name and switch step of a ``TrainConfig`` (or its dict, as a
     checkpoint stores it). The switch is the step attention came on: the logged one of an adaptive schedule, else
     the configured one; None when attention is on and training from step 0."""
-    from probe.schedules import Schedule
-    from probe.train import TrainConfig
+    from probe.training.config import TrainConfig
+    from probe.training.schedule import Schedule
 
     if train is None:
         return {}
@@ -201,12 +206,14 @@ def read_run_folder(folder: Path, variant: str, seed: int,
     train: Any = None
     train_length = None
     used = None  # the precision the run trained in (``auto`` resolved), where its checkpoint records it
+    trained_on = None  # the device it trained on: its checkpoint's record, else its log's first line
     if (folder / FINAL).exists():
         from probe.checkpoint import load_checkpoint
 
         ckpt = load_checkpoint(folder / FINAL)
         train, train_length = dict(ckpt.train_config or {}), ckpt.task_config.train_length
         used = ckpt.extra.get("precision_used")
+        trained_on = ckpt.extra.get("device")
     else:
         built = _config_meta(config, variant)
         if built is not None:
@@ -219,10 +226,59 @@ def read_run_folder(folder: Path, variant: str, seed: int,
             "steps": int(log[-1]["step"]) if log else tm.get("steps"), "wall_s": _wall_s(log),
             "precision": used or tm.get("precision", first.get("precision")),
             "optimizer_impl": tm.get("optimizer_impl", first.get("optimizer_impl")),
-            "schedule": tm.get("schedule"), "switch_step": tm.get("switch_step"), "eval_samples": _eval_samples(curve)}
+            "schedule": tm.get("schedule"), "switch_step": tm.get("switch_step"), "eval_samples": _eval_samples(curve),
+            "trained_on": trained_on or _logged_device(folder)}
     curve = curve.assign(variant=variant, seed=int(seed))
     training = [{"variant": variant, "seed": int(seed), **r} for r in log]
     return run_summary(variant, seed, curve, scores, meta), curve, training
+
+
+_LOG_DEVICE = re.compile(r"^=== .* pid \d+ on (\S+?):")
+
+
+def _logged_device(folder: Path) -> str | None:
+    """The device a sweep's worker ran the run on, from the first line ``probe.sweep`` writes to its train.log
+    (``=== DATE RUN (new) pid N on cpu: COMMAND``); None when there is no such line."""
+    log = folder / "train.log"
+    if not log.exists():
+        return None
+    with open(log, errors="replace") as f:
+        m = _LOG_DEVICE.match(f.readline())
+    return m.group(1) if m else None
+
+
+def read_run_windows(folder: Path, variant: str, seed: int) -> pd.DataFrame:
+    """The window rows (``metric`` "window") of a run folder's eval.json, in ``Grid.windows``' columns (empty when
+    the evaluation predates the windows)."""
+    rows = [r for r in json.loads((folder / EVAL).read_text())["results"] if r.get("metric") == "window"]
+    return _tidy_windows(pd.DataFrame(rows).assign(variant=variant, seed=int(seed)) if rows else pd.DataFrame())
+
+
+def _tidy_windows(w: pd.DataFrame) -> pd.DataFrame:
+    if w.empty:
+        return pd.DataFrame(columns=_WINDOW_COLUMNS)
+    w = w.assign(run=w.variant + "/seed" + w.seed.astype(int).astype(str), seed=w.seed.astype(int),
+                 n_tokens=w.n_tokens.astype(int), lo=w.lo.astype(int), hi=w.hi.astype(int),
+                 beyond=w.beyond.astype(bool))
+    if "right" not in w:
+        # right / asked was rounded once; rounding back recovers the integer exactly (asked < 2^52)
+        w["right"] = [round(a * n) if n and math.isfinite(a) else 0
+                      for a, n in zip(w.token_acc.astype(float), w.n_tokens, strict=True)]
+    w["token_acc"] = [r / n if n else math.nan for r, n in zip(w.right, w.n_tokens, strict=True)]
+    return w[_WINDOW_COLUMNS].reset_index(drop=True)
+
+
+def window_columns(windows: pd.DataFrame) -> dict[str, dict[str, float | None]]:
+    """Per run: ``{subtask}_win_{lo}x_{hi}x`` (token accuracy at positions in (lo, hi] x L_train), the columns a
+    run's summary carries for each window."""
+    from probe.windows import WINDOW_MULTIPLES
+
+    names = {"in range": "0x_1x", **{f"({a}x, {b}x]": f"{a}x_{b}x"
+                                     for a, b in zip(WINDOW_MULTIPLES, WINDOW_MULTIPLES[1:], strict=False)}}
+    out: dict[str, dict[str, float | None]] = {}
+    for r in windows.itertuples(index=False):
+        out.setdefault(r.run, {})[f"{r.subtask}_win_{names[r.window]}"] = _num(r.token_acc)
+    return out
 
 
 def _eval_samples(curve: pd.DataFrame) -> int | None:
@@ -246,17 +302,27 @@ def _from_run_folders(path: Path, members: list[tuple[str, int]] | None,
     elif config:  # the config's variant order, not the alphabet's
         names = [v.get("name", v.get("preset")) for v in config.get("variant", [])]
         found.sort(key=lambda vs: (names.index(vs[0]) if vs[0] in names else len(names), vs[0], vs[1]))
-    summaries, curves, training, checkpoints = [], [], [], {}
+    summaries, curves, training, checkpoints, windows = [], [], [], {}, []
     for variant, seed in found:
         folder = path / variant / f"seed{seed}"
         summary, curve, log = read_run_folder(folder, variant, seed, config)
+        w = read_run_windows(folder, variant, seed)
+        summary.update(window_columns(w).get(summary["run"], {}))
         summaries.append(summary)
         curves.append(curve)
+        windows.append(w)
         training += log
         if (folder / FINAL).exists():
             checkpoints[summary["run"]] = folder / FINAL
     name = config.get("name", path.name) if config else path.name
-    return _grid(name, summaries, curves, training, checkpoints, "runs")
+    grid = _grid(name, summaries, curves, training, checkpoints, "runs")
+    grid.windows = _concat_windows(windows)
+    return grid
+
+
+def _concat_windows(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if len(f)]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=_WINDOW_COLUMNS)
 
 
 def _grid(name: str, summaries: list[dict], curves: list[pd.DataFrame], training: list[dict],
@@ -320,7 +386,9 @@ def _from_compact(path: Path) -> Grid:
     if (path / SWEEP).exists():
         name = json.loads((path / SWEEP).read_text()).get("config", {}).get("name", name)
     runs = pd.DataFrame(summaries)
-    return Grid(name, runs, _tidy_curves(curve, runs), training, {}, "compact")
+    windows = _tidy_windows(pd.read_csv(path / WINDOWS, dtype={"variant": str})) if (path / WINDOWS).exists() \
+        else pd.DataFrame(columns=_WINDOW_COLUMNS)
+    return Grid(name, runs, _tidy_curves(curve, runs), training, {}, "compact", windows)
 
 
 def _read_curves(path: Path) -> pd.DataFrame:
@@ -349,7 +417,7 @@ def _subset(grid: Grid, keep: set[str], order: dict[str, int] | None = None) -> 
         training = training[key.isin(keep)]
     return Grid(grid.name, runs.reset_index(drop=True), curves.reset_index(drop=True),
                 training.reset_index(drop=True), {k: v for k, v in grid.checkpoints.items() if k in keep},
-                grid.source)
+                grid.source, grid.windows[grid.windows.run.isin(keep)].reset_index(drop=True))
 
 
 def merge(old: Grid, new: Grid) -> Grid:
@@ -364,7 +432,8 @@ def merge(old: Grid, new: Grid) -> Grid:
     curves = pd.concat([old.curves, new.curves], ignore_index=True)
     training = pd.concat([t for t in (old.training, new.training) if len(t)], ignore_index=True) \
         if len(old.training) or len(new.training) else pd.DataFrame()
-    return Grid(new.name, runs, curves, training, {**old.checkpoints, **new.checkpoints}, new.source)
+    return Grid(new.name, runs, curves, training, {**old.checkpoints, **new.checkpoints}, new.source,
+                _concat_windows([old.windows, new.windows]))
 
 
 def _seq_text(x: float) -> str:
@@ -383,7 +452,11 @@ def write_grid(grid: Grid, dst: str | Path) -> list[Path]:
     - ``curves.csv``: every run's accuracy at every evaluated length, ``variant, seed, length, subtask, n_tokens,
       correct, seq_acc``; token accuracy is ``correct / n_tokens``, so it reads back bit for bit;
     - ``training.csv``: every run's ``metrics.jsonl`` (evaluation during training), with ``variant, seed`` columns,
-      numbers to 6 significant digits.
+      numbers to 6 significant digits;
+    - ``windows.csv`` (where the evaluation had windows): ``variant, seed, window, lo, hi, beyond, subtask, n_tokens,
+      right, seq_acc, chance`` per run, window of stream positions and subtask (``state_mod{q}``: a factor of the
+      modulus); token accuracy is ``right / n_tokens``. The run summaries carry the same accuracies as
+      ``{subtask}_win_{lo}x_{hi}x``.
     """
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
@@ -420,6 +493,11 @@ def write_grid(grid: Grid, dst: str | Path) -> list[Path]:
                 t[col] = t[col].map(lambda x: x if not math.isfinite(x) else float(f"{x:.{_LOG_DIGITS}g}"))
         t.to_csv(dst / TRAINING, index=False)
         paths.append(dst / TRAINING)
+    if len(grid.windows):
+        w = grid.windows.drop(columns=["run", "token_acc"])
+        w["seq_acc"] = w.seq_acc.map(lambda x: "" if x is None or not math.isfinite(x) else repr(float(x)))
+        w.to_csv(dst / WINDOWS, index=False)
+        paths.append(dst / WINDOWS)
     return paths
 
 
@@ -464,9 +542,9 @@ def parse_lengths_spec(spec: str) -> list[int]:
     return sorted(set(out))
 
 
-__all__ = ["CURVES", "Grid", "RUNS", "TRAINING", "has_run_folders", "import_runs", "is_compact", "lengths_spec",
-           "load_curves", "load_grid", "load_runs", "merge", "parse_lengths_spec", "read_run_folder",
-           "run_summary", "write_grid"]
+__all__ = ["CURVES", "Grid", "RUNS", "TRAINING", "WINDOWS", "has_run_folders", "import_runs", "is_compact",
+           "lengths_spec", "load_curves", "load_grid", "load_runs", "merge", "parse_lengths_spec", "read_run_folder",
+           "read_run_windows", "run_summary", "window_columns", "write_grid"]
 
 
 # --- the command line ----------------------------------------------------------------------------------------------

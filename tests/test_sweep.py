@@ -527,3 +527,24 @@ def test_eval_factors_reach_the_run_summaries_and_the_compact_curves(tmp_path, c
     with pytest.raises(ProbeError, match="eval_factors"):
         config_from_dict({"name": "x", "seeds": [0], "eval_factors": "yes",
                           "variant": [{"name": "a", "preset": "lstm"}]}, "x.toml")
+
+
+def test_windows_reach_the_run_summaries_the_compact_form_and_the_report(local_sweep, tmp_path):
+    # the metric of record travels from eval.json to runs.jsonl / windows.csv and back bit for bit, and the
+    # report shows it beside its chance floor
+    local, _ = local_sweep
+    grid = load_grid(local)
+    w = grid.windows
+    assert set(w.run) == set(grid.runs.run) and {"state", "recall", "state_mod2", "state_mod5"} <= set(w.subtask)
+    run = grid.runs.set_index("run").loc["lstm/seed0"]
+    row = w[(w.run == "lstm/seed0") & (w.subtask == "state") & (w.window == "(1x, 2x]")].iloc[0]
+    assert run["state_win_1x_2x"] == row.token_acc and row.chance == 0.1 and run["trained_on"] == "cpu"
+    from probe.results import write_grid
+
+    write_grid(grid, tmp_path / "compact")
+    back = load_grid(tmp_path / "compact").windows
+    pd.testing.assert_frame_equal(back.reset_index(drop=True), w.reset_index(drop=True), check_dtype=False)
+    table = (local / "results.md").read_text()
+    assert "Per window of stream positions" in table and "| lstm | state_mod5 |" in table
+    rows = json.loads((local / RESULTS).read_text())["results"]
+    assert any(r["row"] == "window" and r["window"] == "(2x, 4x]" and r["chance"] == 0.2 for r in rows)

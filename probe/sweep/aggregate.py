@@ -28,7 +28,8 @@ _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 class SweepReport:
     """What ``results.json`` holds, as DataFrames: ``curves`` (variant, run, seed, train_length, length, subtask,
     token_acc, seq_acc, n_tokens), ``scores`` (variant, run, seed, subtask, lengthgen_score), ``summary`` (one row
-    per variant x subtask x metric x length), ``bands`` (variant, subtask, length, mean, ci_low, ci_high)."""
+    per variant x subtask x metric x length), ``bands`` (variant, subtask, length, mean, ci_low, ci_high),
+    ``windows`` (one row per variant x subtask x window of positions: the metric of record, ``probe.windows``)."""
 
     name: str
     curves: pd.DataFrame
@@ -37,6 +38,7 @@ class SweepReport:
     bands: pd.DataFrame
     result: dict[str, Any]
     grid: Grid | None = None
+    windows: pd.DataFrame | None = None
 
     @property
     def missing(self) -> list[str]:
@@ -130,14 +132,15 @@ def aggregate(out: str | Path) -> SweepReport:
     order = grid.variants
     summary = _summary(grid, order)
     bands = _bands(curves, order)
+    windows = window_summary(grid.windows, order)
     # per-run values are in runs.jsonl and curves.csv beside it; the envelope holds what is computed over seeds
-    rows = [_ints(r) for r in summary.to_dict("records")]
+    rows = [_ints(r) for r in summary.to_dict("records")] + [_ints(r) for r in windows.to_dict("records")]
     extra: dict[str, Any] = {"sweep": name, "missing": missing, "source": grid.source}
     if not grid.checkpoints:
         extra["controls_not_run"] = "no checkpoints here (compact form): the seed controls need each run's final.pt"
     result = envelope("sweep", sorted(grid.checkpoints and [f"{r}/final.pt" for r in grid.checkpoints]),
                       rows, controls, **extra)
-    return SweepReport(name, curves, scores, summary, bands, result, grid)
+    return SweepReport(name, curves, scores, summary, bands, result, grid, windows)
 
 
 def _ints(row: dict[str, Any]) -> dict[str, Any]:
@@ -189,6 +192,51 @@ def _summary(grid: Grid, order: list[str]) -> pd.DataFrame:
             rows.append(_summary_row(variant, subtask, "lengthgen_score", None, None,
                                      sc.set_index("seed").lengthgen_score))
     return pd.DataFrame(rows)
+
+
+def window_summary(windows: pd.DataFrame, order: list[str] | None = None) -> pd.DataFrame:
+    """Per variant, subtask and window of stream positions: mean token accuracy with a 95 % t-interval over seeds,
+    the seeds above 90 %, the chance floor and every seed's value (``seed_S``): rows ``row="window"``,
+    ``metric="window_token_acc"``."""
+    rows: list[dict[str, Any]] = []
+    if windows is None or windows.empty:
+        return pd.DataFrame(rows)
+    order = order or list(dict.fromkeys(windows.variant))
+    for variant in order:
+        part = windows[windows.variant == variant]
+        for (subtask, window), g in part.groupby(["subtask", "window"], sort=False):
+            row = _summary_row(variant, str(subtask), "window_token_acc", None, None, g.set_index("seed").token_acc)
+            rows.append({**row, "row": "window", "window": window, "lo": int(g.lo.iloc[0]), "hi": int(g.hi.iloc[0]),
+                         "beyond": bool(g.beyond.iloc[0]), "chance": float(g.chance.iloc[0])})
+    return pd.DataFrame(rows)
+
+
+def windows_markdown(report: SweepReport) -> str:
+    """The metric of record as Markdown: per variant and subtask (state, its factors, recall), token accuracy (%)
+    per window of stream positions, mean [95 % t-interval] and the seeds above 90 %, beside chance; then every
+    seed's values per window."""
+    w = report.windows
+    if w is None or w.empty:
+        return ""
+    names = list(dict.fromkeys(w.window))
+    head = ["variant", "subtask", "seeds", "chance", *names]
+    lines = [f"Per window of stream positions (the metric of record): token accuracy (%), mean [95 % t-interval] over "
+             f"seeds, and seeds > 90 %. Sweep `{report.name}`.", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    seed_cols = sorted((c for c in w.columns if c.startswith("seed_")), key=lambda c: int(c[5:]))
+    per_seed = ["", "Per seed: token accuracy (%) in each window, " + " / ".join(names), "",
+                "| variant | subtask | " + " | ".join(c.replace("_", " ") for c in seed_cols) + " |",
+                "|---|---|" + "---|" * len(seed_cols)]
+    for (variant, subtask), g in w.groupby(["variant", "subtask"], sort=False):
+        by = {r["window"]: r for r in g.to_dict("records")}
+        cells = [variant, subtask, str(int(g.n_seeds.max())), _pct(g.chance.iloc[0])]
+        cells += [_cell(g[g.window == n]) + f" · {int(by[n]['seeds_above_90'])}/{int(by[n]['n_seeds'])}"
+                  if n in by else "–" for n in names]
+        lines.append("| " + " | ".join(cells) + " |")
+        seeds = [" / ".join(_pct(by[n][c]) if n in by and c in by[n] else "–" for n in names)
+                 if g[c].notna().any() else "–" for c in seed_cols]
+        per_seed.append(f"| {variant} | {subtask} | " + " | ".join(seeds) + " |")
+    return "\n".join(lines + per_seed) + "\n\n"
 
 
 def _bands(curves: pd.DataFrame, order: list[str]) -> pd.DataFrame:
@@ -270,7 +318,7 @@ def write_report(report: SweepReport, out: str | Path, figure: bool = True) -> l
     paths = write_grid(report.grid, out) if report.grid is not None and report.grid.source != "compact" else []
     paths += [out / RESULTS, out / TABLE]
     (out / RESULTS).write_text(json.dumps(report.result, separators=(",", ":")) + "\n")
-    (out / TABLE).write_text(markdown_table(report))
+    (out / TABLE).write_text(windows_markdown(report) + markdown_table(report))
     if figure:
         import matplotlib.pyplot as plt
 

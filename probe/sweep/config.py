@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from probe.errors import ProbeError
-from probe.train import PRESETS
+from probe.training.presets import PRESETS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -20,7 +20,9 @@ else:  # pragma: no cover - Python 3.10 installs tomli (pyproject)
 SWEEP_FILE = "sweep.json"
 """In a sweep's directory: its config as JSON, so that ``--report`` knows which runs belong to it."""
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_TOP_KEYS = {"name", "seeds", "set", "steps", "task", "variant", "eval_lengths", "eval_samples", "eval_factors"}
+_TOP_KEYS = {"name", "seeds", "set", "steps", "task", "variant", "eval_lengths", "eval_samples", "eval_factors",
+             "order"}
+ORDERS = ("variant", "seed")
 _VARIANT_KEYS = {"name", "preset", "set", "seeds", "steps", "task"}
 
 
@@ -80,8 +82,11 @@ class SweepConfig:
     eval_lengths: str | None = None
     eval_samples: int | None = None
     eval_factors: bool = False
+    order: str = "variant"
 
     def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise ProbeError(f"sweep {self.name!r}: order {self.order!r} is not one of {', '.join(ORDERS)}")
         if not self.variants:
             raise ProbeError(f"sweep {self.name!r} has no variants: add a [[variant]] table or pass --preset")
         names = [v.name for v in self.variants]
@@ -99,14 +104,22 @@ class SweepConfig:
                 raise ProbeError(f"variant {v.name!r}: seeds {list(seeds)} repeat a seed")
 
     def runs(self, out: str | Path) -> list[Run]:
-        """Every run, variant-major in config order, each in ``out/VARIANT/seedS`` (absolute, for remote workers)."""
+        """Every run, each in ``out/VARIANT/seedS`` (absolute, for remote workers): variant-major in config order, or
+        with ``order = "seed"`` seed-major (every variant's first seed, then every variant's second, ...), so that a
+        grid stopped part-way has as many seeds of each variant as it could."""
         root = Path(out).resolve()
-        return [
+        runs = [
             Run(variant=v.name, preset=v.preset, seed=s, task=v.task or self.task,
                 overrides=self.overrides + v.overrides, steps=v.steps if v.steps is not None else self.steps,
                 out=root / v.name / f"seed{s}")
             for v in self.variants for s in (self.seeds if v.seeds is None else v.seeds)
         ]
+        if self.order == "seed":
+            rank = {v.name: i for i, v in enumerate(self.variants)}
+            position = {(r.variant, r.seed): i for v in self.variants
+                        for i, r in enumerate(r for r in runs if r.variant == v.name)}
+            runs.sort(key=lambda r: (position[r.variant, r.seed], rank[r.variant]))
+        return runs
 
     def with_command_line(self, seeds: list[int] | None = None, steps: int | None = None,
                           overrides: list[str] | None = None) -> SweepConfig:
@@ -129,6 +142,8 @@ class SweepConfig:
                 d[key] = getattr(self, key)
         if self.eval_factors:
             d["eval_factors"] = True
+        if self.order != "variant":
+            d["order"] = self.order
         d["variant"] = []
         for v in self.variants:
             row: dict[str, Any] = {"name": v.name, "preset": v.preset, "set": list(v.overrides)}
@@ -177,6 +192,7 @@ def config_from_dict(d: dict[str, Any], source: str = "sweep config") -> SweepCo
         eval_lengths=_eval_lengths(d.get("eval_lengths"), f"{source}: eval_lengths"),
         eval_samples=_steps(d.get("eval_samples"), f"{source}: eval_samples"),
         eval_factors=_typed(d.get("eval_factors", False), bool, f"{source}: eval_factors"),
+        order=_typed(d.get("order", "variant"), str, f"{source}: order"),
     )
 
 

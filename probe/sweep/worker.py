@@ -17,10 +17,12 @@ import torch
 
 from probe.checkpoint import load_checkpoint
 from probe.errors import ProbeError
-from probe.evaluate import evaluate_checkpoints, evaluation_envelope
+from probe.evaluate import evaluate_checkpoints, evaluate_windows, evaluation_envelope
 from probe.hardware import precision_used
 from probe.sweep.config import Run, eval_lengths_for
-from probe.train import TrainConfig, build_configs, train
+from probe.training.config import TrainConfig
+from probe.training.overrides import build_configs
+from probe.training.trainer import train
 
 LOG, EVAL = "train.log", "eval.json"
 
@@ -131,10 +133,11 @@ def evaluate_run(run: Run, opts: RunOptions) -> Path:
     lengths = eval_lengths_for(opts.eval_lengths, load_checkpoint(final).task_config.train_length)
     t0 = time.perf_counter()
     curves = evaluate_checkpoints([final], lengths, opts.eval_samples, device=opts.device, factors=opts.eval_factors)
-    print(f"evaluated {len(lengths)} lengths x {opts.eval_samples} sequences in {time.perf_counter() - t0:.1f} s",
-          flush=True)
+    windows = evaluate_windows([final], max(lengths), opts.eval_samples, device=opts.device)
+    print(f"evaluated {len(lengths)} lengths x {opts.eval_samples} sequences, and the windows of positions to "
+          f"{max(lengths)}, in {time.perf_counter() - t0:.1f} s", flush=True)
     tmp = run.out / f".{EVAL}.tmp"
-    tmp.write_text(json.dumps(evaluation_envelope(curves, [final]), separators=(",", ":")))
+    tmp.write_text(json.dumps(evaluation_envelope(curves, [final], windows), separators=(",", ":")))
     os.replace(tmp, run.out / EVAL)
     return run.out / EVAL
 

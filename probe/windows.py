@@ -1,0 +1,202 @@
+"""The metric of record: accuracy per window of stream positions beyond the training length, per subtask and factor.
+
+An all-position mean at length k x L_train mixes the in-range positions into every number (a model right up to
+L_train and guessing beyond scores 40 % "at 3x" on a mod-10 state, not 10 %). Claims about length generalization
+are made from windows of positions instead: in range ``[1, L]``, then ``(L, 2L]``, ``(2L, 4L]``, ``(4L, 8L]``,
+``(8L, 16L]``, ``(16L, 32L]``, each beside its chance floor. A causal model's answer at stream position t depends
+only on the first t positions, and every task draws its stream positions independently, so position t of a length-T
+sequence (T >= t) is distributed exactly as the last position of a length-t one: one pass over sequences of the
+longest length measures every window at once.
+
+For a modulus with factors (m = 10 = 2 x 5) each state answer is also scored modulo each prime-power factor q
+(``state_mod2``: parity; ``state_mod5``): a model can keep one factor of the counter and lose the other, and its
+state accuracy alone cannot say which. Chance floors: 1/m for the state, 1/q for its factor q, 1/n_values for recall.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pandas as pd
+import torch
+
+from probe.core.chance import chance
+from probe.core.seeds import EVALUATE
+from probe.errors import ProbeError
+
+if TYPE_CHECKING:
+    from probe.models import HookedSequenceModel
+    from probe.tasks import TaskConfig
+
+__all__ = ["WINDOW_MULTIPLES", "Window", "eval_seed", "factor_subtask", "position_counts", "state_factors",
+           "window_chance", "window_table", "windows_for", "windows_of"]
+
+EVAL_SEED_BASE = EVALUATE
+"""Evaluation batches come from seeds far from the training seeds (which are ``seed * 1_000_003 + step``)."""
+
+
+def eval_seed(seed: int, length: int, chunk: int) -> int:
+    """The seed of chunk ``chunk`` of the evaluation sequences of one length: every evaluation (a length's curve
+    point, its windows) draws the same sequences for the same (seed, length)."""
+    return EVAL_SEED_BASE + seed * 1_000_000 + length * 1_000 + chunk
+
+WINDOW_MULTIPLES = (1, 2, 4, 8, 16, 32)
+"""Window ends as multiples of L_train: in range (0, 1x], then (1x, 2x], (2x, 4x], ... (16x, 32x]."""
+
+
+WINDOW_TABLE_COLUMNS = ["window", "lo", "hi", "beyond", "subtask", "token_acc", "seq_acc", "n_tokens", "chance",
+                        "above_chance_by"]
+
+
+@dataclass(frozen=True)
+class Window:
+    """Stream positions ``lo < t <= hi`` (1-based); ``name`` as reports print it: ``in range``, ``(1x, 2x]``."""
+
+    lo: int
+    hi: int
+    name: str
+
+    @property
+    def beyond(self) -> bool:
+        """Whether every position lies beyond the training length (the only windows a claim about length
+        generalization may rest on)."""
+        return self.lo > 0
+
+
+def windows_for(train_length: int, max_length: int) -> list[Window]:
+    """Every complete window of positions that sequences of ``max_length`` cover (a window is reported only whole,
+    so that its number means the same in every table)."""
+    if train_length < 1 or max_length < 1:
+        raise ProbeError(f"windows need positive lengths, got L_train {train_length} and length {max_length}")
+    out, lo_mult = [], 0
+    for hi_mult in WINDOW_MULTIPLES:
+        hi = hi_mult * train_length
+        if hi > max_length:
+            break
+        name = "in range" if lo_mult == 0 else f"({lo_mult}x, {hi_mult}x]"
+        out.append(Window(lo_mult * train_length, hi, name))
+        lo_mult = hi_mult
+    return out
+
+
+def state_factors(m: int) -> list[int]:
+    """The prime-power factors of the modulus m (10 -> [2, 5]): Z_m is the product of Z_q over them (the Chinese
+    remainder theorem), so a state answer is right iff it is right modulo every q. Empty when m is a prime power
+    (there is nothing smaller to be right about)."""
+    out, p, rest = [], 2, m
+    while rest > 1:
+        if p * p > rest:
+            out.append(rest)
+            break
+        if rest % p == 0:
+            q = 1
+            while rest % p == 0:
+                rest //= p
+                q *= p
+            out.append(q)
+        p += 1
+    return out if len(out) > 1 else []
+
+
+def factor_subtask(q: int) -> str:
+    """The subtask name under which the state answers' accuracy modulo q is reported (``state_mod2``)."""
+    return f"state_mod{q}"
+
+
+def window_chance(task: TaskConfig, subtask: str) -> float:
+    """The floor beside each window's number: a uniform guess over the answer space, scored as the subtask is."""
+    if subtask.startswith("state_mod"):
+        return 1.0 / int(subtask.removeprefix("state_mod"))
+    return chance(task, subtask)
+
+
+@torch.no_grad()
+def position_counts(model: HookedSequenceModel, task: TaskConfig, length: int, n_samples: int, seed: int,
+                    batch_size: int = 256, forward_batch: int | None = None, factors: bool = True) -> pd.DataFrame:
+    """Per stream position (1-based) and subtask, over ``n_samples`` sequences of ``length``: answers asked, answers
+    right, and the per-sequence right/asked matrices needed for a window's exact match.
+
+    Returns ``position, subtask, asked, right`` plus ``seq`` (a (n_samples, length) bool tensor per subtask kept in
+    ``.attrs["matrices"]`` for ``window_table``'s sequence accuracy). Sequences are drawn exactly as
+    ``probe.evaluate.accuracy_at_length`` draws them for that length and ``seed``, so the two agree at ``length``."""
+    if n_samples < 1 or batch_size < 1:
+        raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
+    device = next(model.parameters()).device
+    step = forward_batch or batch_size
+    qs = state_factors(task.m) if factors and task.name != "recall" else []
+    names = ["state", "recall", *map(factor_subtask, qs)]
+    hit_rows: dict[str, list[torch.Tensor]] = {s: [] for s in names}
+    ask_rows: dict[str, list[torch.Tensor]] = {s: [] for s in names}
+    done, chunk = 0, 0
+    while done < n_samples:
+        b = min(batch_size, n_samples - done)
+        batch = task.sample(length, b, eval_seed(seed, length, chunk)).to(device)
+        pred = torch.cat([model(batch.tokens[i:i + step]).argmax(-1) for i in range(0, b, step)])
+        p = batch.prefix_len
+        pred, labels = pred[:, p:], batch.labels[:, p:]
+        masks = {s: batch.masks[s][:, p:] for s in ("state", "recall")}
+        hits = {"state": pred == labels, "recall": pred == labels}
+        for q in qs:
+            # a number token congruent to the answer modulo q; anything else (a key, a value) is wrong
+            hits[factor_subtask(q)] = (pred < task.m) & (pred % q == labels % q)
+            masks[factor_subtask(q)] = masks["state"]
+        for s in names:
+            hit_rows[s].append((hits[s] & masks[s]).cpu())
+            ask_rows[s].append(masks[s].cpu())
+        done += b
+        chunk += 1
+    rows, matrices = [], {}
+    for s in names:
+        right, asked = torch.cat(hit_rows[s]), torch.cat(ask_rows[s])
+        matrices[s] = (right, asked)
+        for t, (a, r) in enumerate(zip(asked.sum(0).tolist(), right.sum(0).tolist(), strict=True), start=1):
+            rows.append({"position": t, "subtask": s, "asked": a, "right": r})
+    out = pd.DataFrame(rows)
+    out.attrs["matrices"] = matrices
+    out.attrs["length"] = length
+    return out
+
+
+def window_table(counts: pd.DataFrame, task: TaskConfig, train_length: int) -> pd.DataFrame:
+    """One row per (window, subtask): ``window, lo, hi, beyond, subtask, token_acc, seq_acc, n_tokens, chance,
+    above_chance_by``. ``token_acc``: answers right / asked at positions in the window; ``seq_acc``: the fraction of
+    sequences that ask the subtask in the window and answer every such question right; ``above_chance_by``:
+    token_acc minus the floor (NaN where nothing was asked)."""
+    length = int(counts.attrs.get("length", counts.position.max()))
+    matrices: dict[str, tuple[torch.Tensor, torch.Tensor]] = counts.attrs.get("matrices", {})
+    rows: list[dict[str, Any]] = []
+    for w in windows_for(train_length, length):
+        part = counts[(counts.position > w.lo) & (counts.position <= w.hi)]
+        for subtask, g in part.groupby("subtask", sort=False):
+            asked, right = int(g.asked.sum()), int(g.right.sum())
+            acc = right / asked if asked else math.nan
+            seq = math.nan
+            if subtask in matrices:
+                r, a = (x[:, w.lo:w.hi] for x in matrices[subtask])
+                has = a.any(dim=1)
+                seq = float(((r == a).all(dim=1) & has).sum()) / int(has.sum()) if bool(has.any()) else math.nan
+            floor = window_chance(task, str(subtask))
+            rows.append({"window": w.name, "lo": w.lo, "hi": w.hi, "beyond": w.beyond, "subtask": subtask,
+                         "token_acc": acc, "seq_acc": seq, "n_tokens": asked, "chance": floor,
+                         "above_chance_by": acc - floor})
+    return pd.DataFrame(rows, columns=WINDOW_TABLE_COLUMNS)
+
+
+def windows_of(model: HookedSequenceModel, task: TaskConfig, train_length: int, max_length: int,
+               n_samples: int = 256, seed: int = 0, batch_size: int = 256,
+               forward_batch: int | None = None) -> pd.DataFrame:
+    """``window_table`` of one model on sequences of ``max_length`` (see the module's docstring for why one length
+    measures every window)."""
+    counts = position_counts(model, task, max_length, n_samples, seed, batch_size, forward_batch)
+    return window_table(counts, task, train_length)
+
+
+def chance_only(table: pd.DataFrame, subtasks: Sequence[str] = ("state",)) -> pd.DataFrame:
+    """The windows beyond range where a subtask is not distinguishable from its floor at 3 binomial standard errors
+    of the floor: where a model has lost that subtask (or factor) entirely."""
+    beyond = table[table.beyond & table.subtask.isin(subtasks)].copy()
+    se = (beyond.chance * (1 - beyond.chance) / beyond.n_tokens.clip(lower=1)) ** 0.5
+    return beyond[(beyond.token_acc - beyond.chance).abs() <= 3 * se]
