@@ -30,6 +30,7 @@ USAGE = """Usage:
   python -m probe.sweep CONFIG.toml --out DIR [--executor local|ray] [--jobs N] [--dry-run]
   python -m probe.sweep --preset P [P ...] --seeds S [S ...] [--steps N] [--set SECTION.FIELD=VALUE ...] --out DIR
   python -m probe.sweep DIR --report
+  python -m probe.sweep --confirm CLAIMS.toml --out DIR [--no-train]
 
 Each run is `python -m probe.train` with its config in DIR/VARIANT/seedS/ (log: train.log), then
 `python -m probe.evaluate` of its final.pt to 16x L_train (every length to 4x, then every L_train; --eval-lengths)
@@ -93,6 +94,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with the report: every variant against these baselines on state accuracy at 3x L_train "
                         "(difference of means with its Welch interval, exact permutation p, Holm and BH over the "
                         "table; rows with row=comparison), and a figure of every seed's value (seeds_3x.png)")
+    p.add_argument("--confirm", metavar="CLAIMS.toml",
+                   help="pre-registered confirmation: train the fresh seeds of the claims file's sweep in --out "
+                        "(finished runs are reused), then judge every claim on them: confirmed / not confirmed / "
+                        "not testable / pending (rows with row=claim; DIR/claims.json and claims.md). Claims found "
+                        "on the seeds they would be confirmed on are refused")
+    p.add_argument("--no-train", action="store_true",
+                   help="with --confirm: judge the runs DIR already holds (run folders or a committed grid), train "
+                        "nothing")
     p.add_argument("--no-figure", action="store_true", help="results.json and results.md only")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print results.json's object on stdout (human text to stderr)")
@@ -137,8 +146,8 @@ def eval_options(args: argparse.Namespace, cfg: SweepConfig) -> tuple[int, str |
 def validate_runs(cfg: SweepConfig) -> None:
     """Every run's configs, built as the trainer will build them, before any run starts: a bad override, step
     count or schedule is one line and exit 2, not a failed run per seed minutes later."""
-    from probe.schedules import Schedule
-    from probe.train import build_configs
+    from probe.training.overrides import build_configs
+    from probe.training.schedule import Schedule
 
     for run in cfg.runs("."):
         try:
@@ -201,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def body(args: argparse.Namespace) -> dict[str, Any]:
         nonlocal failed
+        if args.confirm:
+            return _confirm(args)
+        if args.no_train:
+            raise ProbeError("--no-train goes with --confirm CLAIMS.toml")
         if args.report:
             target = args.target or args.out
             if not target:
@@ -240,6 +253,40 @@ def main(argv: list[str] | None = None) -> int:
         if all(not r.ok for r in outcome.results):
             return {}
         return _report(args, Path(args.out))
+
+    def _confirm(args: argparse.Namespace) -> dict[str, Any]:
+        import json
+        nonlocal failed
+
+        from probe.cli import envelope
+        from probe.results import load_grid
+        from probe.sweep.claims import claims_markdown, judge, load_claims
+
+        if args.target or args.preset:
+            raise ProbeError("--confirm takes its sweep from the claims file; drop the config or --preset")
+        if not args.out:
+            raise ProbeError("--confirm needs --out DIR: where the fresh seeds' runs are (or go)")
+        claims = load_claims(args.confirm)
+        out = Path(args.out)
+        if not args.no_train:
+            samples, lengths, quick_note = eval_options(args, claims.sweep)
+            validate_runs(claims.sweep)
+            executor = make_executor(args.executor, args.jobs, args.address, args.retries, 0.0)
+            opts = RunOptions(device=_device(args), eval_samples=samples, eval_lengths=lengths,
+                              eval_factors=claims.sweep.eval_factors, note=quick_note)
+            outcome = run_sweep(claims.sweep, out, executor, opts, progress=not args.no_progress)
+            _print_outcome(outcome)
+            failed = bool(outcome.failed)
+        if not out.is_dir():
+            raise ProbeError(f"{out}: no such directory of runs to judge the claims on")
+        rows = judge(claims, load_grid(out).runs)
+        text = claims_markdown(rows, f"{args.confirm} on {out}")
+        result = envelope("sweep --confirm", [], [{"row": "claim", **r} for r in tidy(rows)], [],
+                          claims=str(args.confirm))
+        (out / "claims.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
+        (out / "claims.md").write_text(text)
+        print(text, file=sys.stderr if args.json else sys.stdout)
+        return result
 
     rc = run_cli(parser, body, argv)
     return rc or int(failed)

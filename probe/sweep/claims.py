@@ -1,0 +1,253 @@
+"""Pre-registered confirmation: claims written down with the seeds they were found on, judged on fresh seeds.
+
+A claims file (TOML) names the sweep whose variants it is about and, per claim, the metric, the threshold or the
+comparison, and the seeds the claim was found on::
+
+    sweep = "sweeps/fresh.toml"      # relative to this file; its seeds are the fresh ones
+    alpha = 0.05
+
+    [[claim]]
+    id = "dat-holds-16x"
+    text = "DAT keeps both subtasks >= 95 % in (8x, 16x] in at least 9 of 10 seeds"
+    variant = "dat-bf16"
+    found_on = [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]
+    target = { state_win_8x_16x = 0.95, recall_win_8x_16x = 0.95 }   # a seed meets it when every one holds
+    seeds_needed = 9
+
+    [[claim]]
+    id = "dat-beats-joint"
+    variant = "dat-bf16"
+    versus = "joint-bf16"
+    metric = "state_win_2x_4x"
+    direction = "greater"
+    found_on = [0, 1, 2, 3, 4]
+
+Metrics are columns of a run's summary (``runs.jsonl``): ``{subtask}_win_{lo}x_{hi}x`` (the metric of record),
+``{subtask}_acc_{f}x`` and the like. A *target* claim holds on the fresh seeds when at least ``seeds_needed`` of
+them meet every ``target`` (>=) and every ``below`` (<) bound. A *comparison* claim is an exact permutation test of
+``variant`` against ``versus`` in the claimed direction, Holm-adjusted over the file's comparisons; it is run only if
+its design can reach an adjusted p below ``alpha`` (else it is reported as *not testable*, never as refuted). A claim
+whose fresh seeds overlap the seeds it was found on is refused before anything runs.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from probe.core.stats import can_reject, clopper_pearson, holm, min_attainable_p, permutation_p
+from probe.errors import ProbeError
+from probe.sweep.config import SweepConfig, load_config
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 installs tomli (pyproject)
+    import tomli as tomllib
+
+_TOP = {"sweep", "alpha", "claim"}
+_CLAIM = {"id", "text", "variant", "found_on", "target", "below", "seeds_needed", "versus", "metric", "direction"}
+DIRECTIONS = ("greater", "less")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One pre-registered claim (see the module docstring for the fields)."""
+
+    id: str
+    variant: str
+    found_on: tuple[int, ...]
+    text: str = ""
+    target: dict[str, float] = field(default_factory=dict)
+    below: dict[str, float] = field(default_factory=dict)
+    seeds_needed: int | None = None
+    versus: str | None = None
+    metric: str | None = None
+    direction: str = "greater"
+
+    @property
+    def kind(self) -> str:
+        return "comparison" if self.versus else "target"
+
+    def metrics(self) -> list[str]:
+        return [self.metric] if self.metric else [*self.target, *self.below]
+
+
+@dataclass(frozen=True)
+class Claims:
+    """A claims file: its claims, the sweep that trains their fresh seeds, and alpha."""
+
+    claims: tuple[Claim, ...]
+    sweep: SweepConfig
+    alpha: float = 0.05
+    path: Path | None = None
+
+    def fresh_seeds(self, variant: str) -> list[int]:
+        v = next(v for v in self.sweep.variants if v.name == variant)
+        return list(self.sweep.seeds if v.seeds is None else v.seeds)
+
+
+def load_claims(path: str | Path) -> Claims:
+    """Read and check a claims file: every claim names a variant of its sweep, a metric, a threshold or a
+    comparison, and fresh seeds disjoint from the seeds it was found on."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            d = tomllib.load(f)
+    except FileNotFoundError:
+        raise ProbeError(f"{path}: no such claims file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ProbeError(f"{path}: not valid TOML ({e})") from None
+    unknown = set(d) - _TOP
+    if unknown:
+        raise ProbeError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_TOP))}")
+    if "sweep" not in d:
+        raise ProbeError(f"{path}: needs sweep = \"PATH.toml\" (the sweep whose variants the claims are about)")
+    sweep = load_config(path.parent / d["sweep"])
+    alpha = float(d.get("alpha", 0.05))
+    if not 0 < alpha < 1:
+        raise ProbeError(f"{path}: alpha {alpha} must lie in (0, 1)")
+    raw = d.get("claim", [])
+    if not raw:
+        raise ProbeError(f"{path}: no [[claim]] to confirm")
+    claims = tuple(_claim(c, f"{path}: claim {i + 1}") for i, c in enumerate(raw))
+    ids = [c.id for c in claims]
+    if len(set(ids)) != len(ids):
+        raise ProbeError(f"{path}: claim ids repeat ({', '.join(sorted({i for i in ids if ids.count(i) > 1}))})")
+    out = Claims(claims, sweep, alpha, path)
+    names = {v.name for v in sweep.variants}
+    for c in claims:
+        for v in filter(None, (c.variant, c.versus)):
+            if v not in names:
+                raise ProbeError(f"{path}: claim {c.id!r} names variant {v!r}, which sweep {sweep.name!r} does not "
+                                 f"have ({', '.join(sorted(names))})")
+        reused = sorted(set(out.fresh_seeds(c.variant)) & set(c.found_on))
+        if reused:
+            raise ProbeError(f"{path}: claim {c.id!r} would be confirmed on seeds {reused} it was found on; "
+                             "confirmation needs fresh seeds")
+        if c.seeds_needed is not None and c.seeds_needed > len(out.fresh_seeds(c.variant)):
+            raise ProbeError(f"{path}: claim {c.id!r} needs {c.seeds_needed} seeds but its sweep runs "
+                             f"{len(out.fresh_seeds(c.variant))}")
+    return out
+
+
+def _claim(c: Any, where: str) -> Claim:
+    if not isinstance(c, dict):
+        raise ProbeError(f"{where}: must be a table")
+    unknown = set(c) - _CLAIM
+    if unknown:
+        raise ProbeError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_CLAIM))}")
+    for key in ("id", "variant", "found_on"):
+        if key not in c:
+            raise ProbeError(f"{where}: needs {key}")
+    found = c["found_on"]
+    if not isinstance(found, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in found):
+        raise ProbeError(f"{where}: found_on must be a list of seeds")
+    claim = Claim(id=str(c["id"]), variant=str(c["variant"]), found_on=tuple(found), text=str(c.get("text", "")),
+                  target={k: float(v) for k, v in c.get("target", {}).items()},
+                  below={k: float(v) for k, v in c.get("below", {}).items()},
+                  seeds_needed=c.get("seeds_needed"), versus=c.get("versus"), metric=c.get("metric"),
+                  direction=str(c.get("direction", "greater")))
+    if claim.kind == "comparison":
+        if not claim.metric or claim.target or claim.below:
+            raise ProbeError(f"{where}: a comparison (versus) takes one metric and no target/below")
+        if claim.direction not in DIRECTIONS:
+            raise ProbeError(f"{where}: direction {claim.direction!r}: use greater or less")
+    else:
+        if not (claim.target or claim.below) or claim.metric:
+            raise ProbeError(f"{where}: a claim needs target = {{METRIC = VALUE}} and/or below = {{...}}, or versus "
+                             "and metric for a comparison")
+        if not isinstance(claim.seeds_needed, int) or claim.seeds_needed < 1:
+            raise ProbeError(f"{where}: seeds_needed must be a positive integer")
+    return claim
+
+
+def _values(runs: pd.DataFrame, variant: str, seeds: list[int], metric: str) -> pd.Series:
+    part = runs[(runs.variant == variant) & runs.seed.isin(seeds)].set_index("seed")
+    if metric not in runs.columns:
+        raise ProbeError(f"metric {metric!r} is not in the runs' summaries (is the evaluation long enough for that "
+                         f"window?); known: {', '.join(c for c in runs.columns if '_win_' in c) or 'none'}")
+    return part[metric].astype(float)
+
+
+def judge(claims: Claims, runs: pd.DataFrame) -> list[dict[str, Any]]:
+    """One row per claim: ``claim, kind, variant, versus, metric, fresh_seeds, n_seeds, missing_seeds, ...,
+    confirmed, verdict``. A claim is judged on every fresh seed that has finished; with seeds missing, a target
+    claim can still be decided when the finished ones settle it either way, else it is ``pending``."""
+    rows = []
+    comparisons = [c for c in claims.claims if c.kind == "comparison"]
+    pvalues: dict[str, float] = {}
+    for c in claims.claims:
+        seeds = claims.fresh_seeds(c.variant)
+        done = set(runs[runs.variant == c.variant].seed) if len(runs) else set()
+        if c.versus:
+            done &= set(runs[runs.variant == c.versus].seed) if len(runs) else set()
+        have = [s for s in seeds if s in done]
+        row: dict[str, Any] = {"claim": c.id, "kind": c.kind, "text": c.text, "variant": c.variant,
+                               "versus": c.versus, "metric": ",".join(c.metrics()), "found_on": _seeds(c.found_on),
+                               "fresh_seeds": _seeds(seeds), "n_seeds": len(have),
+                               "missing_seeds": _seeds(sorted(set(seeds) - set(have)))}
+        if c.kind == "target":
+            meets = pd.Series(True, index=have)
+            for metric, bound in c.target.items():
+                meets &= _values(runs, c.variant, have, metric).reindex(have) >= bound
+            for metric, bound in c.below.items():
+                meets &= _values(runs, c.variant, have, metric).reindex(have) < bound
+            k, n, missing = int(meets.sum()), len(have), len(seeds) - len(have)
+            low, high = clopper_pearson(k, n) if n else (math.nan, math.nan)
+            row |= {"seeds_meeting": k, "seeds_needed": c.seeds_needed, "rate_ci_low": low, "rate_ci_high": high,
+                    "per_seed": " / ".join(f"{s}:{'y' if meets[s] else 'n'}" for s in have)}
+            if k >= c.seeds_needed:
+                row |= {"confirmed": True, "verdict": f"confirmed: {k} of {n} fresh seeds meet it"}
+            elif k + missing < c.seeds_needed:
+                row |= {"confirmed": False, "verdict": f"not confirmed: {k} of {n} fresh seeds meet it, "
+                                                       f"{c.seeds_needed} needed"}
+            else:
+                row |= {"confirmed": None, "verdict": f"pending: {k} of {n} so far, {missing} seeds to run"}
+        else:
+            a = _values(runs, c.variant, have, c.metric).to_numpy()
+            b = _values(runs, c.versus, have, c.metric).to_numpy()
+            row |= {"mean": float(np.mean(a)) if len(a) else math.nan,
+                    "mean_versus": float(np.mean(b)) if len(b) else math.nan,
+                    "p_min_attainable": min_attainable_p(len(a), len(b), alternative=c.direction),
+                    "family": len(comparisons),
+                    "per_seed": " / ".join(f"{s}:{x:.3f}-{y:.3f}" for s, x, y in zip(have, a, b, strict=True))}
+            if len(have) < len(seeds):
+                row |= {"confirmed": None, "verdict": f"pending: {len(seeds) - len(have)} seeds to run"}
+            elif not can_reject(len(a), len(b), family=len(comparisons), alpha=claims.alpha,
+                                alternative=c.direction):
+                row |= {"confirmed": None, "verdict": f"not testable: the smallest attainable p "
+                                                      f"{row['p_min_attainable']:.3g} x {len(comparisons)} tests is "
+                                                      f"not below {claims.alpha}; add seeds"}
+            else:
+                pvalues[c.id] = permutation_p(a, b, alternative=c.direction)
+        rows.append(row)
+    adjusted = dict(zip(pvalues, holm(list(pvalues.values())), strict=True)) if pvalues else {}
+    for row in rows:
+        if row["claim"] in adjusted:
+            p, q = pvalues[row["claim"]], float(adjusted[row["claim"]])
+            ok = q < claims.alpha
+            row |= {"p_permutation": p, "p_holm": q, "confirmed": ok,
+                    "verdict": ("confirmed" if ok else "not confirmed: no difference detected")
+                    + f" (exact permutation p {p:.3g}, Holm {q:.3g} over {row['family']})"}
+    return rows
+
+
+def _seeds(seeds: Any) -> str:
+    return " ".join(str(s) for s in seeds)
+
+
+def claims_markdown(rows: list[dict[str, Any]], source: str) -> str:
+    """The claims as a Markdown table: claim, what it says, fresh seeds, verdict."""
+    lines = [f"Pre-registered claims judged on fresh seeds ({source}).", "",
+             "| claim | says | variant | metric | fresh seeds | verdict |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        variant = r["variant"] + (f" vs {r['versus']}" if r["versus"] else "")
+        lines.append(f"| `{r['claim']}` | {r['text']} | {variant} | {r['metric']} | {r['fresh_seeds']} | "
+                     f"{r['verdict']} |")
+    return "\n".join(lines) + "\n"

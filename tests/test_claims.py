@@ -1,0 +1,118 @@
+"""Pre-registered confirmation: claims judged on fresh seeds (``python -m probe.sweep --confirm``)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from probe.errors import ProbeError
+from probe.sweep.claims import judge, load_claims
+from probe.sweep.cli import main
+
+TINY = ["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "task.train_length=6", "train.batch_size=8",
+        "train.eval_every=20", "train.ckpt_every=20", "train.traj_every=40", "train.eval_samples=16",
+        "train.warmup=5"]
+SWEEP = f"""name = "tiny"
+seeds = [3, 4]
+steps = 40
+set = {json.dumps(TINY)}
+eval_samples = 16
+eval_lengths = "4x"
+
+[[variant]]
+name = "lstm"
+preset = "lstm"
+
+[[variant]]
+name = "joint"
+preset = "hybrid-joint"
+"""
+
+
+def _files(tmp_path, claims: str):
+    (tmp_path / "sweep.toml").write_text(SWEEP)
+    (tmp_path / "claims.toml").write_text('sweep = "sweep.toml"\n' + claims)
+    return tmp_path / "claims.toml"
+
+
+def _runs(values: dict[str, list[float]], metric: str = "state_win_1x_2x") -> pd.DataFrame:
+    return pd.DataFrame([{"variant": v, "seed": 3 + i, metric: x} for v, xs in values.items()
+                         for i, x in enumerate(xs)])
+
+
+def test_a_target_claim_is_confirmed_refuted_or_pending_by_the_fresh_seeds_alone(tmp_path):
+    claims = load_claims(_files(tmp_path, """
+[[claim]]
+id = "holds"
+variant = "lstm"
+found_on = [0, 1]
+target = { state_win_1x_2x = 0.9 }
+seeds_needed = 2
+"""))
+    verdict = judge(claims, _runs({"lstm": [0.95, 0.91]}))[0]
+    assert verdict["confirmed"] is True and verdict["seeds_meeting"] == 2
+    verdict = judge(claims, _runs({"lstm": [0.95, 0.5]}))[0]
+    assert verdict["confirmed"] is False and "1 of 2" in verdict["verdict"]
+    verdict = judge(claims, _runs({"lstm": [0.95]}))[0]  # one seed still to run: could go either way
+    assert verdict["confirmed"] is None and verdict["verdict"].startswith("pending")
+
+
+def test_a_comparison_that_cannot_reach_significance_is_not_run_as_a_test(tmp_path):
+    claims = load_claims(_files(tmp_path, """
+[[claim]]
+id = "lstm-beats-joint"
+variant = "lstm"
+versus = "joint"
+metric = "state_win_1x_2x"
+found_on = [0, 1]
+"""))
+    row = judge(claims, _runs({"lstm": [0.99, 0.98], "joint": [0.2, 0.3]}))[0]
+    # 2 vs 2 seeds: the smallest one-sided exact p is 1/6, so no data could confirm it
+    assert row["confirmed"] is None and row["verdict"].startswith("not testable")
+    assert row["p_min_attainable"] == pytest.approx(1 / 6) and "p_permutation" not in row
+
+
+def test_claims_found_on_their_fresh_seeds_or_naming_unknown_variants_are_refused(tmp_path):
+    with pytest.raises(ProbeError, match=r"seeds \[3\] it was found on"):
+        load_claims(_files(tmp_path, '[[claim]]\nid = "a"\nvariant = "lstm"\nfound_on = [3]\n'
+                                     'target = { state_win_1x_2x = 0.9 }\nseeds_needed = 1\n'))
+    with pytest.raises(ProbeError, match="does not have"):
+        load_claims(_files(tmp_path, '[[claim]]\nid = "a"\nvariant = "gru"\nfound_on = [0]\n'
+                                     'target = { state_win_1x_2x = 0.9 }\nseeds_needed = 1\n'))
+    with pytest.raises(ProbeError, match="needs 3 seeds"):
+        load_claims(_files(tmp_path, '[[claim]]\nid = "a"\nvariant = "lstm"\nfound_on = [0]\n'
+                                     'target = { state_win_1x_2x = 0.9 }\nseeds_needed = 3\n'))
+
+
+def test_confirm_trains_the_fresh_seeds_and_judges_each_claim(tmp_path, capsys):
+    # end to end: a claim that holds of any model (accuracy at least 0) is confirmed, one no model can meet
+    # (above 100 %) is not; both judged on the two fresh seeds that --confirm trained
+    path = _files(tmp_path, """
+[[claim]]
+id = "trivially-true"
+variant = "lstm"
+found_on = [0]
+target = { state_win_1x_2x = 0.0, recall_win_2x_4x = 0.0 }
+seeds_needed = 2
+
+[[claim]]
+id = "impossible"
+variant = "joint"
+found_on = [0]
+target = { state_win_1x_2x = 1.01 }
+seeds_needed = 1
+""")
+    out = tmp_path / "runs"
+    assert main(["--confirm", str(path), "--out", str(out), "--jobs", "2", "--no-progress", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    verdicts = {r["claim"]: r["confirmed"] for r in result["results"]}
+    assert verdicts == {"trivially-true": True, "impossible": False}
+    assert (out / "claims.md").exists() and (out / "lstm" / "seed4" / "final.pt").exists()
+    # judged again without training: the same verdicts from the runs already there
+    assert main(["--confirm", str(path), "--out", str(out), "--no-train", "--json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert {r["claim"]: r["confirmed"] for r in again["results"]} == verdicts
+    assert main(["--confirm", str(tmp_path / "none.toml"), "--out", str(out)]) == 2
+    assert "no such claims file" in capsys.readouterr().err
