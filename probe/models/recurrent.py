@@ -49,6 +49,27 @@ class InnerHookPoint(HookPoint):
         return super().add_hook(hook, dir, *args, **kwargs)
 
 
+@contextlib.contextmanager
+def cudnn_backprop_ok(x: Tensor, training: bool) -> Iterator[None]:
+    """Within the block, a recurrent kernel run on ``x`` can be backpropagated through in eval mode.
+
+    cuDNN's RNN backward refuses a forward pass run in eval mode ("cudnn RNN backward can only be called in training
+    mode"), and every analysis that takes a gradient (the gradient split, the lookahead, attributions) runs an
+    eval-mode model. So where a graph is being built on CUDA outside training, cuDNN is off for the pass: PyTorch's
+    own kernel computes the same values and has a backward in either mode. Training, no-grad passes and the CPU keep
+    the fast path."""
+    if training or not torch.is_grad_enabled() or not x.is_cuda:
+        yield
+        return
+    # not cudnn.flags(): it also resets the other cuDNN settings and the global fp32 matmul precision
+    before = torch.backends.cudnn.enabled
+    torch.backends.cudnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.enabled = before
+
+
 def _same(a: Tensor, b: Tensor) -> Tensor:
     """Elementwise equality in which NaN equals NaN (else a NaN state would read as an edit on every pass)."""
     return (a == b) | (a.isnan() & b.isnan())
@@ -263,10 +284,11 @@ class HookedRecurrent(nn.Module):
 
     # --- the forward -----------------------------------------------------------------------------------------------
     def forward(self, x: Float[Tensor, "batch pos d_model"]) -> Float[Tensor, "batch pos d_model"]:
-        if self.fp32_recurrence and torch.is_autocast_enabled(x.device.type):
-            with torch.autocast(x.device.type, enabled=False):
-                return self._forward(x.float())
-        return self._forward(x)
+        with cudnn_backprop_ok(x, self.training):
+            if self.fp32_recurrence and torch.is_autocast_enabled(x.device.type):
+                with torch.autocast(x.device.type, enabled=False):
+                    return self._forward(x.float())
+            return self._forward(x)
 
     def _forward(self, x: Tensor) -> Tensor:
         overrides = self._overrides_for(x)
