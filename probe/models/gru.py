@@ -31,9 +31,10 @@ class HookedGRU(HookedRecurrent):
     STATES = ("h",)
     INTERMEDIATE = ("n",)
 
-    def __init__(self, d_model: int) -> None:
+    def __init__(self, d_model: int, d_in: int | None = None) -> None:
         super().__init__()
-        self.rnn = nn.GRU(d_model, d_model, batch_first=True)
+        # d_in: the input's width where it differs from the state's (a user's nn.GRU served by ``probe.wrap``)
+        self.rnn = nn.GRU(d_in or d_model, d_model, batch_first=True)
         self.hook_r = InnerHookPoint()  # [batch, pos, d_model]
         self.hook_z = InnerHookPoint()  # [batch, pos, d_model]
         self.hook_n = InnerHookPoint()  # [batch, pos, d_model]

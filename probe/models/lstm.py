@@ -46,9 +46,10 @@ class HookedLSTM(HookedRecurrent):
     GATES = GATES
     STATES = ("h", "c")  # nn.LSTM's state order; h is the layer's output
 
-    def __init__(self, d_model: int) -> None:
+    def __init__(self, d_model: int, d_in: int | None = None) -> None:
         super().__init__()
-        self.rnn = nn.LSTM(d_model, d_model, batch_first=True)
+        # d_in: the input's width where it differs from the state's (a user's nn.LSTM served by ``probe.wrap``)
+        self.rnn = nn.LSTM(d_in or d_model, d_model, batch_first=True)
         self.hook_i = InnerHookPoint()  # [batch, pos, d_model]
         self.hook_f = InnerHookPoint()  # [batch, pos, d_model]
         self.hook_g = InnerHookPoint()  # [batch, pos, d_model]
