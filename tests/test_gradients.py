@@ -274,7 +274,8 @@ def test_cli_json_and_figures(runs, tmp_path, capsys):
     assert obj["command"] == "gradients" and len(obj["checkpoints"]) == 3
     assert {r["analysis"] for r in obj["results"]} == {"interference", "lookahead", "lookahead_verdict"}
     assert all("checkpoint" in r for r in obj["results"])
-    assert {c["control"] for c in obj["controls"]} == {"loss_split", "g_rec_two_routes", "lookahead_first_order",
+    assert {c["control"] for c in obj["controls"]} == {"loss_split", "g_rec_two_routes", "parts_sum_to_whole",
+                                                      "lookahead_first_order",
                                                       "lookahead_positions", "lookahead_vs_random", "known_split"}
     assert all(isinstance(c["passed"], bool) for c in obj["controls"])
     assert all(c["passed"] for c in obj["controls"] if c["kind"] == "instrument")

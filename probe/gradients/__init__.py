@@ -9,7 +9,8 @@ Names are imported on first use, so that the CLI's ``--help`` answers at once.
 from probe.core.lazy import lazy_exports
 
 _EXPORTS = {
-    **dict.fromkeys(["DEFAULT_FACTORS", "GradientReport", "analyze", "analyze_checkpoint", "check_family"],
+    **dict.fromkeys(["DEFAULT_FACTORS", "GradientReport", "analyze", "analyze_checkpoint", "analyze_model",
+                     "check_family", "split_with_checks"],
                     "analysis"),
     "main": "cli",
     **dict.fromkeys(["measure_beyond_range", "update_size", "verdict_beyond"], "beyond"),

@@ -25,11 +25,19 @@ from probe.gradients.beyond import (
     random_baseline_control,
     verdict_beyond,
 )
-from probe.gradients.controls import ROUTE_TOL, builtin_controls, loss_split_control, route_disagreement
+from probe.gradients.controls import (
+    ROUTE_TOL,
+    builtin_controls,
+    loss_split_control,
+    path_sum_residual,
+    route_disagreement,
+)
 from probe.gradients.decomposition import interference
 from probe.gradients.lookahead import LookaheadConfig, adam_moments
 from probe.memory import check_lengths
-from probe.models import ModelConfig
+from probe.models import HookedSequenceModel, ModelConfig
+from probe.tasks import TaskConfig
+from probe.wrapped import WrappedModel
 
 DEFAULT_LOOKAHEAD = LookaheadConfig()
 DEFAULT_FACTORS = (1, 3)
@@ -77,6 +85,51 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def split_with_checks(model: HookedSequenceModel | WrappedModel, task: TaskConfig, lengths: Sequence[int],
+                      batch_size: int = 64, seed: int = 0, device: torch.device | str = "cpu",
+                      meta: dict[str, Any] | None = None) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+    """The interference table at each length and its exactness checks: the loss parts' gradients sum to the
+    gradient of the model's own loss computed in a pass of its own (``loss_split``), g_rec by the method's cut
+    agrees with g_rec by another route (``g_rec_two_routes``), and g_rec plus g_att computed on its own, without
+    any cut, is g (``parts_sum_to_whole``). ``meta``: columns every row carries."""
+    meta = meta or {"checkpoint": "<model>"}
+    table = pd.concat([interference(model, analysis_batch(task, length, batch_size, seed, device))
+                       .assign(**meta, length=length) for length in lengths], ignore_index=True)
+    # exactness does not depend on the batch size, so this check uses a small batch
+    small = analysis_batch(task, lengths[0], min(batch_size, 16), seed, device)
+    return table, [loss_split_control(meta["checkpoint"], table), threshold_row(
+        meta["checkpoint"], "g_rec_two_routes", route_disagreement(model, small), ROUTE_TOL,
+        "|g_rec(attention's inputs detached) - g_rec(route)| / |g| for the model's stopgrad route and a detached "
+        "attention output: fails if the method's cut leaves a path through attention open or cuts another"),
+        threshold_row(
+        meta["checkpoint"], "parts_sum_to_whole", path_sum_residual(model, small), ROUTE_TOL,
+        "|g_rec + g_att' - g| / |g|, g_att' = sum over attention outputs a_k of (da_k/dtheta)^T dL/da_k along "
+        "paths crossing no later attention, g from a plain pass, each computed on its own: fails if the cut "
+        "leaves a path through attention open or cuts a recurrent one")]
+
+
+def analyze_model(model: HookedSequenceModel | WrappedModel, task: TaskConfig | None = None,
+                  lengths: Sequence[int] | None = None, batch_size: int = 64, seed: int = 0,
+                  name: str = "<model>") -> GradientReport:
+    """The gradient split of a live model -- probe's own or one from ``probe.wrap`` -- at each length (default the
+    training length and 3x), with its exactness checks and the hand-built control; no lookahead (it needs the
+    optimizer's moments, which a checkpoint carries: ``analyze_checkpoint``). ``task`` defaults to the model's."""
+    task = task or getattr(model, "task", None)
+    if task is None:
+        raise ProbeError("analyze_model needs the task the model answers: pass task= (probe.tasks.make_task(...))")
+    cfg = model.cfg
+    if not cfg.has_lstm:
+        raise ProbeError(f"{name}: the model has no recurrent module, so there is no recurrent-weight gradient to "
+                         "split; wrap it with recurrent=[...]")
+    device = next(model.parameters()).device
+    meta = {"checkpoint": name, "family": cfg.family}
+    gates = model.attention_gates()
+    table, controls = split_with_checks(model.eval(), task, list(lengths or multiples(task.train_length,
+                                                                                        DEFAULT_FACTORS)),
+                                        batch_size, seed, device, {**meta, "gate": gates[0] if gates else 0.0})
+    return GradientReport(table, controls=controls + builtin_controls())
+
+
 def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, batch_size: int = 64, seed: int = 0,
                        device: torch.device | str = "cpu", stored_gate: bool = False,
                        lookahead_cfg: LookaheadConfig | None = DEFAULT_LOOKAHEAD, progress: bool = False,
@@ -89,22 +142,11 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
     gate = None if stored_gate else schedule_gate(ckpt)
     task = ckpt.task_config
     lengths = list(lengths or multiples(task.train_length, DEFAULT_FACTORS))
-    frames, controls = [], []
     la, verdicts = pd.DataFrame(), pd.DataFrame()
     with attention_gates(model, gate):
         gates = model.attention_gates()
         meta_g = {**meta, "gate": gates[0] if gates else 0.0}
-        for length in lengths:
-            batch = analysis_batch(task, length, batch_size, seed, device)
-            frames.append(interference(model, batch).assign(**meta_g, length=length))
-        table = pd.concat(frames, ignore_index=True)
-        controls.append(loss_split_control(meta["checkpoint"], table))
-        # exactness does not depend on the batch size, so this control uses a small batch
-        small = analysis_batch(task, lengths[0], min(batch_size, 16), seed, device)
-        controls.append(threshold_row(
-            meta["checkpoint"], "g_rec_two_routes", route_disagreement(model, small), ROUTE_TOL,
-            "|g_rec(q, k, v detached) - g_rec(route)| / |g| for the model's stopgrad route and a detached "
-            "hook_attn_out: fails if the method's cut leaves a path through attention open or cuts another"))
+        table, controls = split_with_checks(model, task, lengths, batch_size, seed, device, meta_g)
         if lookahead_cfg is not None:
             note(f"{meta['checkpoint']}: lookahead (step {ckpt.step})", progress)
             moments = adam_moments(ckpt, model)

@@ -14,15 +14,15 @@ from probe.core.rows import threshold_row
 from probe.gradients.decomposition import (
     Cut,
     attention_inputs_detached,
-    attention_output_detached,
-    attention_stream_detached,
     check_has_lstm,
     decompose,
     flat_grad,
+    other_routes,
     recurrent_gradient,
 )
 from probe.models import HookedSequenceModel, ModelConfig
 from probe.tasks import IGNORE_INDEX, Batch
+from probe.wrapped import WrappedModel
 
 ROUTE_TOL = 1e-5
 """g_rec computed by two routes may differ by float rounding only (measured: below 1e-7 of |g|)."""
@@ -38,8 +38,9 @@ checkpoints; a wrong gradient, preconditioner or sign gives an error of order 1 
 def route_disagreement(model: HookedSequenceModel, batch: Batch, cut: Cut = attention_inputs_detached) -> float:
     """max over the two other routes of |g_rec(cut) - g_rec(route)| / |g|: the method's cut (hooks that detach q, k
     and v) against the model's own ``attn_stopgrad`` (the stream detached before attention's LayerNorm) and a
-    detached ``hook_attn_out``. A cut that leaves a path through attention open (detaching q only, or nothing)
-    disagrees by about that path's share of the gradient."""
+    detached ``hook_attn_out`` (a wrapped model: its detached attention outputs, ``other_routes``). A cut that
+    leaves a path through attention open (detaching q only, or nothing) disagrees by about that path's share of the
+    gradient."""
     theta = check_has_lstm(model)
     with torch.enable_grad():
         g = flat_grad(model(batch.tokens, labels=batch.labels), theta)
@@ -47,9 +48,57 @@ def route_disagreement(model: HookedSequenceModel, batch: Batch, cut: Cut = atte
     if norm == 0:
         return 0.0
     mine = recurrent_gradient(model, batch, cut)
-    others = [recurrent_gradient(model, batch, route) for route in (attention_stream_detached,
-                                                                    attention_output_detached)]
+    others = [recurrent_gradient(model, batch, route) for route in other_routes(model)]
     return max(float((mine - o).norm()) / norm for o in others)
+
+
+def attention_outputs(model: HookedSequenceModel | WrappedModel) -> list[str]:
+    """The hook of each attention output where it joins the stream (after the gate)."""
+    if isinstance(model, WrappedModel):
+        return model.attention_output_hooks
+    return [f"blocks.{i}.hook_attn_out" for i, b in enumerate(model.blocks) if hasattr(b, "attn")]
+
+
+def path_sum_residual(model: HookedSequenceModel | WrappedModel, batch: Batch,
+                      cut: Cut = attention_inputs_detached) -> float:
+    """|g_rec + g_att' - g| / |g|: the two parts against the whole gradient, each computed on its own.
+
+    g: a plain pass; g_rec: the method's cut; g_att': every path through attention, grouped by the last attention
+    output a_k it crosses, sum_k (d a_k / d theta)^T u_k, where u_k = dL/da_k along paths that cross no further
+    attention (a pass in which every attention output is a leaf) and d a_k / d theta is taken in a plain pass. It
+    uses no cut, so a cut that leaves a path through attention open, or cuts a recurrent one, fails it."""
+    theta = check_has_lstm(model)
+    names = attention_outputs(model)
+    with torch.enable_grad():
+        g = flat_grad(model(batch.tokens, labels=batch.labels), theta)
+        g_rec = recurrent_gradient(model, batch, cut)
+        leaves: dict[str, Tensor] = {}
+
+        def as_leaf(x: Tensor, hook: Any) -> Tensor:
+            leaves[hook.name] = x.detach().requires_grad_(True)
+            return leaves[hook.name]
+
+        with model.hooks(fwd_hooks=[(n, as_leaf) for n in names]):
+            loss = model(batch.tokens, labels=batch.labels)
+        u = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
+        outs: dict[str, Tensor] = {}
+
+        def keep(x: Tensor, hook: Any) -> Tensor:
+            outs[hook.name] = x
+            return x
+
+        with model.hooks(fwd_hooks=[(n, keep) for n in names]):
+            model(batch.tokens)
+        pairs = [(outs[n], v) for n, v in zip(names, u, strict=True) if v is not None and outs[n].requires_grad]
+        if pairs:
+            gs = torch.autograd.grad([o for o, _ in pairs], theta, grad_outputs=[v for _, v in pairs],
+                                     allow_unused=True)
+            g_att = torch.cat([(torch.zeros_like(p) if d is None else d).flatten() for d, p in zip(gs, theta,
+                                                                                                 strict=True)])
+        else:
+            g_att = torch.zeros_like(g)
+    norm = float(g.norm())
+    return float((g_rec + g_att - g).norm()) / norm if norm > 0 else 0.0
 
 
 # --- a hand-built 2-block hybrid whose split is known ------------------------------------------------------------

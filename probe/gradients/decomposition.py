@@ -17,6 +17,7 @@ from torch import Tensor
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
 from probe.tasks import IGNORE_INDEX, Batch
+from probe.wrapped import WrappedModel
 
 ATTENTION_INPUTS = ("attn.hook_q", "attn.hook_k", "attn.hook_v")
 
@@ -34,9 +35,14 @@ def _detach(x: Tensor, hook: Any) -> Tensor:
 
 
 @contextlib.contextmanager
-def attention_inputs_detached(model: HookedSequenceModel) -> Iterator[None]:
+def attention_inputs_detached(model: HookedSequenceModel | WrappedModel) -> Iterator[None]:
     """Within the block, every attention sublayer's q, k and v are detached (the method's cut): same forward
-    values, no gradient through attention. The hooks are removed on exit, also on an exception."""
+    values, no gradient through attention. The hooks are removed on exit, also on an exception. On a wrapped model,
+    every tensor input of each named attention module is detached (a forward pre-hook: ``attention_detached``)."""
+    if isinstance(model, WrappedModel):
+        with model.attention_detached():
+            yield
+        return
     with model.hooks(fwd_hooks=[(_is_attention_input, _detach)]):
         yield
 
@@ -56,16 +62,30 @@ def attention_stream_detached(model: HookedSequenceModel) -> Iterator[None]:
 
 @contextlib.contextmanager
 def attention_output_detached(model: HookedSequenceModel) -> Iterator[None]:
-    """A third route: the gated attention output (``blocks.{i}.hook_attn_out``) is detached where it joins the
-    stream."""
+    """A third route: the gated attention output (``blocks.{i}.hook_attn_out``; a wrapped model's
+    ``<attention>.hook_out``) is detached where it joins the stream."""
+    if isinstance(model, WrappedModel):
+        names = set(model.attention_output_hooks)
+        with model.hooks(fwd_hooks=[(lambda n: n in names, _detach)]):
+            yield
+        return
     with model.hooks(fwd_hooks=[(lambda n: n.endswith("hook_attn_out"), _detach)]):
         yield
+
+
+def other_routes(model: HookedSequenceModel | WrappedModel) -> list[Cut]:
+    """The cuts that must give the method's g_rec by another route: the model's own stopgrad and a detached
+    attention output; a wrapped model's stopgrad is the method's own cut, so only the detached output remains."""
+    if isinstance(model, WrappedModel):
+        return [attention_output_detached]
+    return [attention_stream_detached, attention_output_detached]
 
 
 def lstm_parameters(model: HookedSequenceModel) -> list[list[torch.nn.Parameter]]:
     """theta: per block with a recurrent sublayer (``blocks.{i}.lstm``, any cell), the cell's own parameters in the
     order it registers them (the LSTM's ``weight_ih_l0, weight_hh_l0, bias_ih_l0, bias_hh_l0``). The LayerNorm before
-    the cell is left out: theta is what carries the recurrence, whichever cell it is."""
+    the cell is left out: theta is what carries the recurrence, whichever cell it is. A wrapped model: each named
+    recurrent module's parameters."""
     return [list(layer.parameters()) for layer in model.lstm_layers]
 
 
@@ -212,6 +232,10 @@ def decompose(model: HookedSequenceModel, batch: Batch, cut: Cut = attention_inp
     )
 
 
-def interference(model: HookedSequenceModel, batch: Batch) -> pd.DataFrame:
-    """The interference table of one model on one batch (see ``Decomposition.table``)."""
-    return decompose(model, batch).table()
+def interference(model: HookedSequenceModel | WrappedModel, batch: Batch) -> pd.DataFrame:
+    """The interference table of one model on one batch (see ``Decomposition.table``); a wrapped model's rows also
+    name each recurrent module (``module``; ``block`` counts them in the order they were named)."""
+    table = decompose(model, batch).table()
+    if isinstance(model, WrappedModel):
+        table.insert(1, "module", [*model.recurrent_names, "all"])
+    return table
