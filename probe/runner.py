@@ -60,8 +60,9 @@ def option(default: Any = _MISSING, help: str = "", *, type: Callable[[str], Any
     """A field of an options dataclass that is also a flag: ``--NAME`` (underscores as hyphens) unless ``flag``
     spells it; a field whose default is a bool is a switch (``store_true``); ``type`` parses the text (default: the
     default's type); ``aliases`` are old spellings that still parse, hidden from ``--help``; ``help`` may say
-    ``%(default)s``. ``order`` > 0 moves the flag after the command's own flags (the shared tail: --threads ...
-    --seed). A list default is copied for each instance."""
+    ``%(default)s``. ``order`` places the flag in ``--help``: 0 in the order of the fields, > 0 after the
+    command's own flags (the shared tail: --threads ... --seed), < 0 first. A list default is copied for each
+    instance."""
     meta = {"help": help, "type": type, "flag": flag, "aliases": tuple(aliases), "metavar": metavar,
             "choices": choices, "nargs": nargs, "action": action, "positional": positional, "order": order}
     if default_factory is None and isinstance(default, list):

@@ -1,28 +1,25 @@
-"""``python -m probe.attributions``: parse, attribute, print the tables and controls, save JSON and figures."""
+"""``python -m probe.attributions``: the options, the run (one report over every checkpoint), its text and figures."""
 
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from probe.cli import (
-    add_checkpoints,
-    add_common_args,
-    add_lengths,
-    add_samples,
-    add_threads_and_gate_args,
-    envelope,
-    make_parser,
-    positive_int,
-    resolve_device,
-    run_cli,
-    say,
-    seed_and_threads,
+from probe.cli import positive_int, resolve_device
+from probe.runner import (
+    CheckpointOptions,
+    Command,
+    Report,
+    lengths_option,
+    option,
+    samples_option,
+    stored_gate_option,
+    threads_option,
 )
-from probe.cli import write_outputs as save_outputs
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from probe.attributions.analysis import AttributionReport
 
 DESCRIPTION = """\
@@ -53,41 +50,33 @@ controls rows: checkpoint, control, kind (instrument: every row here checks the 
 what (what failure it reveals)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = make_parser("python -m probe.attributions", DESCRIPTION, HELP_COLUMNS)
-    add_checkpoints(parser)
-    add_lengths(parser, "the training length and 3x", aliases=["--length"])
-    add_samples(parser, 32, aliases=["--batch"])
-    parser.add_argument("--far", type=positive_int, default=None,
-                        help="k for the near/far split (default: a third of the training length)")
-    parser.add_argument("--ig", action="store_true", help="add integrated gradients per position (slow)")
-    parser.add_argument("--ig-sequences", type=positive_int, default=4, help="sequences explained by IG (default 4)")
-    parser.add_argument("--ig-targets", type=positive_int, default=2,
-                        help="answers per sequence explained by IG (default 2)")
-    parser.add_argument("--ig-max-steps", type=positive_int, default=256,
-                        help="largest number of IG steps (default 256)")
-    add_threads_and_gate_args(parser)
-    add_common_args(parser)
-    return parser
+@dataclass
+class AttributionOptions(CheckpointOptions):
+    lengths: list[int] | None = lengths_option("the training length and 3x", aliases=["--length"])
+    samples: int = samples_option(32, aliases=["--batch"])
+    far: int | None = option(None, "k for the near/far split (default: a third of the training length)",
+                             type=positive_int)
+    ig: bool = option(False, "add integrated gradients per position (slow)")
+    ig_sequences: int = option(4, "sequences explained by IG (default 4)", type=positive_int)
+    ig_targets: int = option(2, "answers per sequence explained by IG (default 2)", type=positive_int)
+    ig_max_steps: int = option(256, "largest number of IG steps (default 256)", type=positive_int)
+    threads: int = threads_option(1)
+    stored_gate: bool = stored_gate_option()
 
 
-def main(argv: list[str] | None = None) -> int:
-    def body(args: argparse.Namespace) -> dict[str, Any]:
-        from probe.attributions.analysis import analyze
+def run(opts: AttributionOptions) -> Report:
+    from probe.attributions.analysis import analyze
 
-        seed_and_threads(args)
-        report = analyze(args.checkpoints, args.lengths, args.samples, args.seed, resolve_device(args.device),
-                         args.far, args.ig, args.ig_sequences, args.ig_targets, args.ig_max_steps, args.stored_gate,
-                         progress=not args.json)
-        names = sorted({r["checkpoint"] for r in report.rows()})
-        result = envelope("attributions", names, report.rows(), report.controls)
-        say(args, format_report(report))
-        if args.out:
-            write_outputs(report, result, Path(args.out))
-            say(args, f"\nwrote figures and results.json to {args.out}")
-        return result
+    report = analyze(opts.checkpoints, opts.lengths, opts.samples, opts.seed, resolve_device(opts.device),
+                     opts.far, opts.ig, opts.ig_sequences, opts.ig_targets, opts.ig_max_steps, opts.stored_gate,
+                     progress=not opts.json)
+    rows = report.rows()
+    return Report(sorted({r["checkpoint"] for r in rows}), rows, report.controls, format_report(report),
+                  figures=lambda: figures(report))
 
-    return run_cli(build_parser(), body, argv)
+
+COMMAND = Command("attributions", AttributionOptions, run, DESCRIPTION, HELP_COLUMNS)
+main, build_parser = COMMAND.main, COMMAND.build_parser
 
 
 def format_report(report: AttributionReport) -> str:
@@ -120,11 +109,10 @@ def format_report(report: AttributionReport) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(report: AttributionReport, result: dict[str, Any], out: Path) -> None:
+def figures(report: AttributionReport) -> dict[str, Figure]:
     from probe.attributions.plots import plot_components, plot_occlusion, plot_reads
 
     figs = {"occlusion.png": plot_occlusion(report.occlusion), "components.png": plot_components(report.components)}
     if not report.reads.empty:
         figs["attention_reads.png"] = plot_reads(report.reads)
-    save_outputs(out, result, figs)
-
+    return figs

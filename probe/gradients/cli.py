@@ -1,30 +1,26 @@
-"""``python -m probe.gradients``: parse, analyse, print the tables and controls, save JSON and figures."""
+"""``python -m probe.gradients``: the options, the run (one report over every checkpoint), its text and figures."""
 
 from __future__ import annotations
 
-import argparse
 import math
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from probe.cli import (
-    add_checkpoints,
-    add_common_args,
-    add_lengths,
-    add_samples,
-    add_threads_and_gate_args,
-    envelope,
-    make_parser,
-    positive_float,
-    positive_int,
-    resolve_device,
-    run_cli,
-    say,
-    seed_and_threads,
+from probe.cli import positive_float, positive_int, resolve_device
+from probe.runner import (
+    CheckpointOptions,
+    Command,
+    Report,
+    lengths_option,
+    option,
+    samples_option,
+    stored_gate_option,
+    threads_option,
 )
-from probe.cli import write_outputs as save_outputs
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from probe.gradients.analysis import GradientReport
 
 LOOKAHEAD_BATCHES, LOOKAHEAD_EVAL_BATCHES, LOOKAHEAD_STEP = 24, 8, 1e-6
@@ -75,46 +71,37 @@ the verdict's claim against random directions of equal length), value, threshold
 reveals)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = make_parser("python -m probe.gradients", DESCRIPTION, HELP_COLUMNS)
-    add_checkpoints(parser)
-    add_lengths(parser, "the training length and 3x", aliases=["--length"])
-    add_samples(parser, 64, "sequences per batch, at each length and in each lookahead batch", aliases=["--batch"])
-    parser.add_argument("--no-lookahead", action="store_true", help="only the interference table (fast)")
-    parser.add_argument("--la-batches", type=positive_int, default=LOOKAHEAD_BATCHES,
-                        help=f"training-distribution batches averaged into each step direction "
-                             f"(default {LOOKAHEAD_BATCHES})")
-    parser.add_argument("--la-eval-batches", type=positive_int, default=LOOKAHEAD_EVAL_BATCHES,
-                        help=f"evaluation batches beyond the training range, and of held-out training batches "
-                             f"(default {LOOKAHEAD_EVAL_BATCHES})")
-    parser.add_argument("--la-step", type=positive_float, default=LOOKAHEAD_STEP,
-                        help=f"size of the tiny step that checks the first-order prediction, / |theta| "
-                             f"(default {LOOKAHEAD_STEP:g})")
-    add_threads_and_gate_args(parser)
-    add_common_args(parser)
-    return parser
+@dataclass
+class GradientOptions(CheckpointOptions):
+    lengths: list[int] | None = lengths_option("the training length and 3x", aliases=["--length"])
+    samples: int = samples_option(64, "sequences per batch, at each length and in each lookahead batch",
+                                  aliases=["--batch"])
+    no_lookahead: bool = option(False, "only the interference table (fast)")
+    la_batches: int = option(LOOKAHEAD_BATCHES, "training-distribution batches averaged into each step direction "
+                                                f"(default {LOOKAHEAD_BATCHES})", type=positive_int)
+    la_eval_batches: int = option(LOOKAHEAD_EVAL_BATCHES, "evaluation batches beyond the training range, and of "
+                                  f"held-out training batches (default {LOOKAHEAD_EVAL_BATCHES})", type=positive_int)
+    la_step: float = option(LOOKAHEAD_STEP, "size of the tiny step that checks the first-order prediction, / |theta| "
+                                             f"(default {LOOKAHEAD_STEP:g})", type=positive_float)
+    threads: int = threads_option(1)
+    stored_gate: bool = stored_gate_option()
 
 
-def main(argv: list[str] | None = None) -> int:
-    def body(args: argparse.Namespace) -> dict[str, Any]:
-        from probe.gradients.analysis import analyze
-        from probe.gradients.lookahead import LookaheadConfig
+def run(opts: GradientOptions) -> Report:
+    from probe.gradients.analysis import analyze
+    from probe.gradients.lookahead import LookaheadConfig
 
-        seed_and_threads(args)
-        cfg = None if args.no_lookahead else LookaheadConfig(
-            n_batches=args.la_batches, batch_size=args.samples, eval_batches=args.la_eval_batches,
-            train_eval_batches=args.la_eval_batches, rel_step=args.la_step)
-        report = analyze(args.checkpoints, args.lengths, args.samples, args.seed, resolve_device(args.device),
-                         args.stored_gate, cfg, progress=not args.json)
-        result = envelope("gradients", sorted(report.interference.checkpoint.unique().tolist()), report.rows(),
-                          report.controls)
-        say(args, format_report(report))
-        if args.out:
-            write_outputs(report, result, Path(args.out))
-            say(args, f"\nwrote figures and results.json to {args.out}")
-        return result
+    cfg = None if opts.no_lookahead else LookaheadConfig(
+        n_batches=opts.la_batches, batch_size=opts.samples, eval_batches=opts.la_eval_batches,
+        train_eval_batches=opts.la_eval_batches, rel_step=opts.la_step)
+    report = analyze(opts.checkpoints, opts.lengths, opts.samples, opts.seed, resolve_device(opts.device),
+                     opts.stored_gate, cfg, progress=not opts.json)
+    return Report(sorted(report.interference.checkpoint.unique().tolist()), report.rows(), report.controls,
+                  format_report(report), figures=lambda: figures(report))
 
-    return run_cli(build_parser(), body, argv)
+
+COMMAND = Command("gradients", GradientOptions, run, DESCRIPTION, HELP_COLUMNS)
+main, build_parser = COMMAND.main, COMMAND.build_parser
 
 
 def _fmt(x: float) -> str:
@@ -160,7 +147,7 @@ def format_report(report: GradientReport) -> str:
     return "\n".join(lines)
 
 
-def write_outputs(report: GradientReport, result: dict[str, Any], out: Path) -> None:
+def figures(report: GradientReport) -> dict[str, Figure]:
     from probe.gradients.plots import plot_blocks, plot_lookahead, plot_over_training
 
     figs = {"blocks.png": plot_blocks(report.interference)}
@@ -168,4 +155,5 @@ def write_outputs(report: GradientReport, result: dict[str, Any], out: Path) -> 
         figs["interference_over_training.png"] = plot_over_training(report.interference)
         if not report.lookahead.empty:
             figs["lookahead_over_training.png"] = plot_lookahead(report.lookahead)
-    save_outputs(out, result, figs)
+    return figs
+

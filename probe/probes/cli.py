@@ -1,26 +1,18 @@
-"""``python -m probe.probes``: parse, run the probe analysis per checkpoint, print tables or one JSON object, save."""
+"""``python -m probe.probes``: the options, and a run that probes every checkpoint into one report."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from probe.cli import (
-    add_checkpoints,
-    add_common_args,
-    add_lengths,
-    add_samples,
-    add_threads,
-    envelope,
-    make_parser,
-    nonnegative_int,
-    positive_int,
-    resolve_device,
-    run_cli,
-    say,
-    seed_and_threads,
-    write_outputs,
-)
+from probe.cli import nonnegative_int, positive_int, resolve_device
+from probe.runner import CheckpointOptions, Command, Report, lengths_option, option, samples_option
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from probe.probes.analysis import ProbeResult
 
 HOOK_SUFFIXES = ("hook_attn_out", "hook_resid_post")  # = probe.probes.fit's
 CONTROL_TARGETS = ("permuted", "history", "bigram")  # = probe.probes.targets' (a test checks both)
@@ -89,98 +81,94 @@ block, per length, all later answers: iia_subspace - iia_random >= 0.2; with cha
 draws)."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = make_parser("python -m probe.probes", DESCRIPTION, COLUMNS)
-    add_checkpoints(parser)
-    parser.add_argument("--hooks", nargs="+", default=None,
-                        help="hook names or suffixes (lstm.hook_h = every block's, one probe each; a+b = one probe on "
-                             "the concatenation); default: every block's recurrent state vectors (h, then c or state), "
-                             + ", ".join(HOOK_SUFFIXES) + " that exist, each recurrent block's whole state (h+c), "
-                             "every block's h, every block's whole state")
-    add_lengths(parser, "1x,2x,3x,4x the checkpoint's L_train")
-    add_samples(parser, 48, "test sequences per test length", aliases=["--n-test"])
-    parser.add_argument("--n-train", type=positive_int, default=200,
-                        help="training sequences of length L_train, every position used (200)")
-    parser.add_argument("--n-train-beyond", type=positive_int, default=100,
-                        help="held-out sequences of length 3 L_train whose positions t > L_train train the "
-                             "beyond-range probes (100)")
-    parser.add_argument("--n-patch", type=positive_int, default=48, help="base sequences per patch position (48)")
-    parser.add_argument("--control", default="permuted", choices=CONTROL_TARGETS,
-                        help="control target: permuted (sum of pi(x_i) mod m, default), history or bigram "
-                             "(Hewitt & Liang types)")
-    parser.add_argument("--windows", type=window_list, default=list(WINDOWS), metavar="K,K,...",
-                        help="windowed-sum control targets: the sum of the last k numbers mod m, probed beside s_t "
-                             "for each k (L = the checkpoint's L_train; none = skip; default "
-                             + ",".join(map(str, WINDOWS)) + ")")
-    parser.add_argument("--random-subspaces", type=nonnegative_int, default=RANDOM_SUBSPACES, metavar="N",
-                        help="random subspaces of the same rank as each probe subspace, the baseline of the subspace "
-                             f"interchange (0 = skip; default {RANDOM_SUBSPACES})")
-    parser.add_argument("--no-patching", action="store_true", help="skip the interventions")
-    add_threads(parser)
-    add_common_args(parser)
-    return parser
+@dataclass
+class ProbeOptions(CheckpointOptions):
+    hooks: list[str] | None = option(None, "hook names or suffixes (lstm.hook_h = every block's, one probe each; a+b = "
+                                           "one probe on the concatenation); default: every block's recurrent state "
+                                           "vectors (h, then c or state), " + ", ".join(HOOK_SUFFIXES) + " that "
+                                           "exist, each recurrent block's whole state (h+c), every block's h, every "
+                                           "block's whole state", nargs="+", type=str, order=-1)
+    lengths: list[int] | None = lengths_option("1x,2x,3x,4x the checkpoint's L_train")
+    samples: int = samples_option(48, "test sequences per test length", aliases=["--n-test"])
+    n_train: int = option(200, "training sequences of length L_train, every position used (200)", type=positive_int)
+    n_train_beyond: int = option(100, "held-out sequences of length 3 L_train whose positions t > L_train train the "
+                                      "beyond-range probes (100)", type=positive_int)
+    n_patch: int = option(48, "base sequences per patch position (48)", type=positive_int)
+    control: str = option("permuted", "control target: permuted (sum of pi(x_i) mod m, default), history or bigram "
+                                      "(Hewitt & Liang types)", choices=CONTROL_TARGETS)
+    windows: list[int | str] = option(list(WINDOWS), "windowed-sum control targets: the sum of the last k numbers "
+                                      "mod m, probed beside s_t for each k (L = the checkpoint's L_train; none = "
+                                      "skip; default " + ",".join(map(str, WINDOWS)) + ")", type=window_list,
+                                      metavar="K,K,...")
+    random_subspaces: int = option(RANDOM_SUBSPACES, "random subspaces of the same rank as each probe subspace, the "
+                                   f"baseline of the subspace interchange (0 = skip; default {RANDOM_SUBSPACES})",
+                                   type=nonnegative_int, metavar="N")
+    no_patching: bool = option(False, "skip the interventions")
 
 
-def main_body(args: argparse.Namespace) -> dict[str, Any]:
+def run(opts: ProbeOptions) -> Report:
     from probe.checkpoint import load_checkpoint, resolve_checkpoints
     from probe.core.lengths import multiples
     from probe.memory import check_lengths
-    from probe.probes.analysis import headline, result_rows, run_probes, summary_table
+    from probe.probes.analysis import result_rows, run_probes
     from probe.probes.plots import plot_compare, plot_heatmap, plot_position
 
-    seed_and_threads(args)
-    device = resolve_device(args.device)
-    paths = resolve_checkpoints(args.checkpoints)
+    device = resolve_device(opts.device)
+    paths = resolve_checkpoints(opts.checkpoints)
     ckpts = [load_checkpoint(path, map_location=device) for path in paths]  # every file checked before any work
     for path, ckpt in zip(paths, ckpts, strict=True):
         L = ckpt.task_config.train_length
-        check_lengths(ckpt.model_config, ckpt.task_config, [*(args.lengths or multiples(L)), 3 * L], device,
+        check_lengths(ckpt.model_config, ckpt.task_config, [*(opts.lengths or multiples(L)), 3 * L], device,
                       name=str(path))
-    results = []
+    results, text = [], []
     for path, ckpt in zip(paths, ckpts, strict=True):
-        res = run_probes(ckpt, device, lengths=args.lengths, hooks=args.hooks, n_train=args.n_train,
-                         n_train_beyond=args.n_train_beyond, n_test=args.samples, n_patch=args.n_patch,
-                         seed=args.seed, patching=not args.no_patching, control=args.control,
-                         windows=args.windows, random_subspaces=args.random_subspaces, progress=not args.json)
+        res = run_probes(ckpt, device, lengths=opts.lengths, hooks=opts.hooks, n_train=opts.n_train,
+                         n_train_beyond=opts.n_train_beyond, n_test=opts.samples, n_patch=opts.n_patch,
+                         seed=opts.seed, patching=not opts.no_patching, control=opts.control,
+                         windows=opts.windows, random_subspaces=opts.random_subspaces, progress=not opts.json)
         results.append(res)
-        say(args, f"\n{path}  (L_train={res.train_length}; positions t > L_train only; cells: probe trained in range / "
-                  f"trained beyond (c = control target, trained beyond))")
-        say(args, summary_table(res).to_string())
-        if not res.window_targets.empty:
-            wt = res.window_targets
-            wt = wt[(wt.test_positions == "beyond") & (wt.train_positions == "beyond")]
-            say(args, "windowed-sum control targets (trained and tested beyond L_train; s_t = the s_t probe):")
-            table = wt.assign(s_t=wt.probe_acc.round(2)).pivot_table(
-                index=["hook", "length", "s_t"], columns="control_target", values="control_acc", sort=False)
-            say(args, table.to_string(float_format="{:.2f}".format))
-        if not res.interventions.empty:
-            iv = res.interventions[res.interventions.test_positions != "all"]
-            say(args, "interventions (block -1 = every recurrent block; test_positions = band of the later answers):")
-            say(args, iv.pivot_table(index=["block", "length", "test_positions"], columns="kind",
-                                     values=["iia", "changed_frac"]).to_string(float_format="{:.2f}".format))
-            say(args, res.verdicts[["block", "length", "test_positions", "hook", "probe_acc", "iia_full",
-                                    "same_sum_changed", "iia_subspace", "verdict"]]
-                .to_string(index=False, float_format="{:.2f}".format))
-        say(args, "headline: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                                             for k, v in headline(res).items() if k != "checkpoint"))
-        failed = res.controls[~res.controls.passed.astype(bool)] if "passed" in res.controls else res.controls[:0]
-        for _, c in failed.iterrows():
-            say(args, f"control FAILED: {c.control}" + "".join(f" {k}={c[k]}" for k in ("hook", "train_positions",
-                                                                                     "length", "block")
-                                                                  if k in c and c[k] == c[k]))
+        text.append(_text(path, res))
     rows, controls = [], []
     for res in results:
-        r, c = result_rows(res, args.seed)
+        r, c = result_rows(res, opts.seed)
         rows += r
         controls += c
-    out = envelope("probes", [str(p) for p in paths], rows, controls)
-    if args.out:
-        write_outputs(args.out, out, {"probes_heatmap.png": plot_heatmap(results),
-                                      "probes_position.png": plot_position(results),
-                                      "probes_compare.png": plot_compare(results)})
-        say(args, f"wrote {args.out}/results.json and figures probes_heatmap/position/compare.png")
-    return out
+    return Report([str(p) for p in paths], rows, controls, "\n".join(text),
+                  figures=lambda: {"probes_heatmap.png": plot_heatmap(results),
+                                   "probes_position.png": plot_position(results),
+                                   "probes_compare.png": plot_compare(results)})
 
 
-def main(argv: list[str] | None = None) -> int:
-    return run_cli(build_parser(), main_body, argv)
+def _text(path: Path, res: ProbeResult) -> str:
+    """One checkpoint's tables: probes, windowed-sum targets, interventions and verdicts, headline, failed controls."""
+    from probe.probes.analysis import headline, summary_table
+
+    lines = [f"\n{path}  (L_train={res.train_length}; positions t > L_train only; cells: probe trained in range / "
+             f"trained beyond (c = control target, trained beyond))", summary_table(res).to_string()]
+    if not res.window_targets.empty:
+        wt = res.window_targets
+        wt = wt[(wt.test_positions == "beyond") & (wt.train_positions == "beyond")]
+        lines.append("windowed-sum control targets (trained and tested beyond L_train; s_t = the s_t probe):")
+        table = wt.assign(s_t=wt.probe_acc.round(2)).pivot_table(
+            index=["hook", "length", "s_t"], columns="control_target", values="control_acc", sort=False)
+        lines.append(table.to_string(float_format="{:.2f}".format))
+    if not res.interventions.empty:
+        iv = res.interventions[res.interventions.test_positions != "all"]
+        lines.append("interventions (block -1 = every recurrent block; test_positions = band of the later answers):")
+        lines.append(iv.pivot_table(index=["block", "length", "test_positions"], columns="kind",
+                                    values=["iia", "changed_frac"]).to_string(float_format="{:.2f}".format))
+        lines.append(res.verdicts[["block", "length", "test_positions", "hook", "probe_acc", "iia_full",
+                                   "same_sum_changed", "iia_subspace", "verdict"]]
+                     .to_string(index=False, float_format="{:.2f}".format))
+    lines.append("headline: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                          for k, v in headline(res).items() if k != "checkpoint"))
+    failed = res.controls[~res.controls.passed.astype(bool)] if "passed" in res.controls else res.controls[:0]
+    for _, c in failed.iterrows():
+        lines.append(f"control FAILED: {c.control}" + "".join(f" {k}={c[k]}" for k in ("hook", "train_positions",
+                                                                                    "length", "block")
+                                                                 if k in c and c[k] == c[k]))
+    return "\n".join(lines)
+
+
+COMMAND = Command("probes", ProbeOptions, run, DESCRIPTION, COLUMNS)
+main, build_parser = COMMAND.main, COMMAND.build_parser
