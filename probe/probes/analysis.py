@@ -16,6 +16,7 @@ from probe.core.meta import variant_name
 from probe.core.progress import note, progress_iter
 from probe.core.rows import CONTROL, INSTRUMENT, labelled
 from probe.core.seeds import PROBES
+from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
 from probe.probes.controls import MARGIN, control_target_rows, pooled, shuffled_labels_row
 from probe.probes.fit import (
@@ -35,6 +36,7 @@ from probe.probes.fit import (
 from probe.probes.interventions import SAME_SUM_MAX, interchange_intervention
 from probe.probes.targets import resolve_windows
 from probe.tasks import TaskConfig
+from probe.wrapped import WrappedModel
 
 TRAIN_BANDS = ("in", "beyond")
 """Every hook's probe is trained twice: on t <= L_train of length-L_train sequences (``in``), and on
@@ -132,6 +134,9 @@ def probe_model(
     ``window_targets`` beside a probe of the sum of the last k numbers, with a ``window{k}_target`` control.
     ``random_subspaces``: draws of the random-subspace baseline of the subspace interchange. Both are off by default
     so that a caller that prints the result (a notebook) gets the same tables as before they existed."""
+    if patching and isinstance(model, WrappedModel):
+        raise ProbeError(f"{name}: the interventions on the recurrent state are written for probe's own blocks, not "
+                         "yet for a wrapped model: pass patching=False (--no-patching) for the probes alone")
     model.eval()
     L = task.train_length
     window_names = resolve_windows(windows, L)

@@ -19,6 +19,7 @@ from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
 from probe.probes.targets import control_labels
 from probe.tasks import TaskConfig
+from probe.wrapped import WrappedModel
 
 PROBE_SEED_BASE = PROBES
 """Probe data: the ``probes`` entry of ``probe.core.seeds`` (it shares its value with ``gradients``; see there)."""
@@ -43,8 +44,11 @@ def band_mask(position: np.ndarray, train_length: int, band: str) -> np.ndarray:
     return np.ones(position.shape, dtype=bool)
 
 
-def lstm_blocks(model: HookedSequenceModel) -> list[int]:
-    """The blocks with a recurrent sublayer (``blocks.{i}.lstm``, any cell)."""
+def lstm_blocks(model: HookedSequenceModel | WrappedModel) -> list[int]:
+    """The blocks with a recurrent sublayer (``blocks.{i}.lstm``, any cell); none in a wrapped model, which has no
+    blocks (its per-step states are ``WrappedModel.state_hooks``)."""
+    if isinstance(model, WrappedModel):
+        return []
     return [i for i, b in enumerate(model.blocks) if hasattr(b, "lstm")]
 
 
@@ -74,7 +78,9 @@ def default_hooks(model: HookedSequenceModel) -> list[str]:
     """Every block's recurrent state (``state_names``), attention output and residual stream that exist; then the
     joined hooks: each recurrent block's whole state (h, c for the LSTM), and with several blocks every block's
     h, and every block's whole state. A joined hook that names one vector only (a GRU's state is h) is not
-    repeated."""
+    repeated. A wrapped model: ``WrappedModel.probe_hooks`` (per-step states, each named module's output)."""
+    if isinstance(model, WrappedModel):
+        return model.probe_hooks()
     names = set(model.hook_dict)
     blocks = lstm_blocks(model)
     single = [n for i in range(len(model.blocks))
@@ -210,6 +216,8 @@ def readout_basis(probe: Pipeline, tol: float = 1e-6) -> np.ndarray:
 
 def random_init_like(model: HookedSequenceModel, seed: int) -> HookedSequenceModel:
     """The same architecture (gates included) with seeded random weights: the random-init control."""
+    if isinstance(model, WrappedModel):
+        return model.random_init(seed)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         other = HookedSequenceModel(model.cfg)
