@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from probe import __version__
 from probe.core.lengths import GRAMMAR, parse_lengths
+from probe.core.specs import is_factory_spec
 from probe.errors import ProbeError
 
 if TYPE_CHECKING:
@@ -183,7 +184,7 @@ def check_paths(specs: Sequence[str]) -> None:
         if any(ch in spec for ch in "*?["):
             if not glob.glob(spec):
                 raise ProbeError(f"{spec}: pattern matches no file")
-        elif not os.path.exists(spec):
+        elif not os.path.exists(spec) and not is_factory_spec(spec):  # package.module:factory: probe.factory
             raise ProbeError(f"{spec}: no such file or directory")
 
 
