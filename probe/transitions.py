@@ -26,7 +26,6 @@ one line and returns no rows.
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from dataclasses import dataclass, field
@@ -37,22 +36,10 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.cli import (
-    add_checkpoints,
-    add_common_args,
-    add_lengths,
-    add_samples,
-    add_threads,
-    envelope,
-    make_parser,
-    resolve_device,
-    run_cli,
-    say,
-    seed_and_threads,
-    write_outputs,
-)
+from probe.cli import resolve_device
 from probe.core.rows import CONTROL, INSTRUMENT, check_row
 from probe.errors import ProbeError
+from probe.runner import CheckpointOptions, Command, Report, lengths_option, option, samples_option, threads_option
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -315,6 +302,18 @@ class TransitionResult:
     controls: list[dict[str, Any]] = field(default_factory=list)
     note: str | None = None
 
+    def rows(self, tokens: bool = False) -> list[dict[str, Any]]:
+        """The flat rows of ``--json`` (``metric`` channel and summary, and with ``tokens`` every transition)."""
+        meta = {"checkpoint": self.checkpoint, "label": self.label, "seed": self.seed}
+        parts = [("channel", self.channels), ("summary", self.summary)] + ([("transition", self.transitions)]
+                                                                            if tokens else [])
+        return [{**meta, "metric": metric, **row} for metric, frame in parts if not self.note
+                for row in frame.to_dict("records")]
+
+    def control_rows(self) -> list[dict[str, Any]]:
+        meta = {"checkpoint": self.checkpoint, "label": self.label, "seed": self.seed}
+        return [{**meta, **c} for c in self.controls]
+
 
 def analyze(path: str | Path, length: int | None = None, n_samples: int = 64, seed: int = 0,
             device: str = "cpu", controls: bool = True) -> TransitionResult:
@@ -376,55 +375,44 @@ transitions with the numbers' identities permuted).
 A checkpoint whose cell is not an SSM gives one line (notes) and no rows."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = make_parser("python -m probe.transitions", __doc__.split("\n\n")[0], _HELP_JSON)
-    add_checkpoints(parser)
-    add_lengths(parser, "L_train")
-    add_samples(parser, 64)
-    parser.add_argument("--tokens", action="store_true", help="also every (block, channel, token) transition row")
-    parser.add_argument("--no-controls", action="store_true", help="skip the instrument check and the control")
-    add_threads(parser, default=1)
-    add_common_args(parser)
-    return parser
+@dataclass
+class TransitionOptions(CheckpointOptions):
+    lengths: list[int] | None = lengths_option("L_train")
+    samples: int = samples_option(64)
+    tokens: bool = option(False, "also every (block, channel, token) transition row")
+    no_controls: bool = option(False, "skip the instrument check and the control")
+    threads: int = threads_option(1)
 
 
-def main(argv: list[str] | None = None) -> int:
-    def body(args: argparse.Namespace) -> dict[str, Any]:
-        from probe.checkpoint import load_checkpoint, resolve_checkpoints
+def run(opts: TransitionOptions) -> Report:
+    """``analyze`` of every checkpoint, its rows and a summary table per checkpoint."""
+    from probe.checkpoint import load_checkpoint, resolve_checkpoints
 
-        seed_and_threads(args)
-        paths = resolve_checkpoints(args.checkpoints)
-        for p in paths:
-            load_checkpoint(p)  # every file readable before any work
-        if args.lengths and len(args.lengths) != 1:
-            raise ProbeError(f"--lengths: give one length, got {len(args.lengths)}")
-        length = args.lengths[0] if args.lengths else None
-        device = str(resolve_device(args.device))
-        results, rows, controls, notes = [], [], [], []
-        for path in paths:
-            r = analyze(path, length, args.samples, args.seed, device, controls=not args.no_controls)
-            results.append(r)
-            meta = {"checkpoint": r.checkpoint, "label": r.label, "seed": r.seed}
-            if r.note:
-                notes.append(f"{path}: {r.note}")
-                print(f"{path}: {r.note}", file=sys.stderr)
-                continue
-            rows += [{**meta, "metric": "channel", **c} for c in r.channels.to_dict("records")]
-            rows += [{**meta, "metric": "summary", **c} for c in r.summary.to_dict("records")]
-            if args.tokens:
-                rows += [{**meta, "metric": "transition", **c} for c in r.transitions.to_dict("records")]
-            controls += [{**meta, **c} for c in r.controls]
-            say(args, f"{path}: {r.label}, seed {r.seed}: channels that count mod o beyond "
-                      f"{HORIZON} x L_train, per block")
-            say(args, r.summary.to_string(index=False))
-        result = envelope("transitions", [str(p) for p in paths], rows, controls, notes=notes)
-        if args.out and any(not r.note for r in results):
-            write_outputs(args.out, result, {"transitions.png": plot_channels(results)})
-        elif args.out:
-            write_outputs(args.out, result, {})
-        return result
+    paths = resolve_checkpoints(opts.checkpoints)
+    for p in paths:
+        load_checkpoint(p)  # every file readable before any work
+    if opts.lengths and len(opts.lengths) != 1:
+        raise ProbeError(f"--lengths: give one length, got {len(opts.lengths)}")
+    length = opts.lengths[0] if opts.lengths else None
+    device = str(resolve_device(opts.device))
+    results, text = [], []
+    for path in paths:
+        r = analyze(path, length, opts.samples, opts.seed, device, controls=not opts.no_controls)
+        results.append(r)
+        if r.note:
+            print(f"{path}: {r.note}", file=sys.stderr)
+            continue
+        text += [f"{path}: {r.label}, seed {r.seed}: channels that count mod o beyond {HORIZON} x L_train, per block",
+                 r.summary.to_string(index=False)]
+    shown = any(not r.note for r in results)
+    return Report([str(p) for p in paths], [row for r in results for row in r.rows(opts.tokens)],
+                  [c for r in results for c in r.control_rows()], "\n".join(text),
+                  figures=lambda: {"transitions.png": plot_channels(results)} if shown else {},
+                  extra={"notes": [f"{p}: {r.note}" for p, r in zip(paths, results, strict=True) if r.note]})
 
-    return run_cli(build_parser(), body, argv)
+
+COMMAND = Command("transitions", TransitionOptions, run, __doc__.split("\n\n")[0], _HELP_JSON)
+main, build_parser = COMMAND.main, COMMAND.build_parser
 
 
 if __name__ == "__main__":
