@@ -15,6 +15,7 @@ import pandas as pd
 
 from probe.cli import envelope
 from probe.core.stats import fraction_above, t_interval
+from probe.core.tables import pipe_table
 from probe.errors import ProbeError
 from probe.results import FACTORS, SOLVED, Grid, has_run_folders, is_compact, load_grid, write_grid
 from probe.sweep.config import SWEEP_FILE, config_from_dict
@@ -220,23 +221,22 @@ def windows_markdown(report: SweepReport) -> str:
         return ""
     names = list(dict.fromkeys(w.window))
     head = ["variant", "subtask", "seeds", "chance", *names]
-    lines = [f"Per window of stream positions (the metric of record): token accuracy (%), mean [95 % t-interval] over "
-             f"seeds, and seeds > 90 %. Sweep `{report.name}`.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     seed_cols = sorted((c for c in w.columns if c.startswith("seed_")), key=lambda c: int(c[5:]))
-    per_seed = ["", "Per seed: token accuracy (%) in each window, " + " / ".join(names), "",
-                "| variant | subtask | " + " | ".join(c.replace("_", " ") for c in seed_cols) + " |",
-                "|---|---|" + "---|" * len(seed_cols)]
+    rows, per_seed = [], []
     for (variant, subtask), g in w.groupby(["variant", "subtask"], sort=False):
         by = {r["window"]: r for r in g.to_dict("records")}
         cells = [variant, subtask, str(int(g.n_seeds.max())), _pct(g.chance.iloc[0])]
         cells += [_cell(g[g.window == n]) + f" · {int(by[n]['seeds_above_90'])}/{int(by[n]['n_seeds'])}"
                   if n in by else "–" for n in names]
-        lines.append("| " + " | ".join(cells) + " |")
-        seeds = [" / ".join(_pct(by[n][c]) if n in by and c in by[n] else "–" for n in names)
-                 if g[c].notna().any() else "–" for c in seed_cols]
-        per_seed.append(f"| {variant} | {subtask} | " + " | ".join(seeds) + " |")
-    return "\n".join(lines + per_seed) + "\n\n"
+        rows.append(cells)
+        per_seed.append([variant, subtask, *(" / ".join(_pct(by[n][c]) if n in by and c in by[n] else "–"
+                                                        for n in names) if g[c].notna().any() else "–"
+                                             for c in seed_cols)])
+    lines = [f"Per window of stream positions (the metric of record): token accuracy (%), mean [95 % t-interval] over "
+             f"seeds, and seeds > 90 %. Sweep `{report.name}`.", "", pipe_table(head, rows), "",
+             "Per seed: token accuracy (%) in each window, " + " / ".join(names), "",
+             pipe_table(["variant", "subtask", *(c.replace("_", " ") for c in seed_cols)], per_seed)]
+    return "\n".join(lines) + "\n\n"
 
 
 def _bands(curves: pd.DataFrame, order: list[str]) -> pd.DataFrame:
@@ -270,14 +270,8 @@ def markdown_table(report: SweepReport) -> str:
     solved_at = [f for f in (3, 16) if f in lengths]
     head = ["variant", "subtask", "seeds", *(f"{f}x ({n})" for f, n in lengths.items()), "score",
             *(f"seq. acc. {f}x" for f in solved_at), *(f"seeds > 90 % at {f}x" for f in solved_at)]
-    lines = ["Token accuracy (%), mean [95 % t-interval] over seeds; score = mean over lengths in (L, 3L]; seq. acc. = "
-             "sequences with every answer right (mean over seeds). "
-             f"Sweep `{report.name}`" + (f"; missing runs: {', '.join(report.missing)}" if report.missing else "."),
-             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     seed_cols = sorted((c for c in s.columns if c.startswith("seed_")), key=lambda c: int(c[5:]))
-    per_seed = ["", "Per seed: token accuracy (%) at " + " / ".join(f"{f}x" for f in lengths) + ", score", "",
-                "| variant | subtask | " + " | ".join(c.replace("_", " ") for c in seed_cols) + " |",
-                "|---|---|" + "---|" * len(seed_cols)]
+    rows, per_seed = [], []
     for (variant, subtask), g in s.groupby(["variant", "subtask"], sort=False):
         t = g[g.metric == "token_acc"]
         cells = [variant, subtask, str(int(g.n_seeds.max()))]
@@ -287,14 +281,20 @@ def markdown_table(report: SweepReport) -> str:
         cells += [_pct(q[q.factor == f]["mean"].iloc[0]) if (q.factor == f).any() else "–" for f in solved_at]
         cells += [f"{int(t[t.factor == f].seeds_above_90.iloc[0])} of {int(t[t.factor == f].n_seeds.iloc[0])}"
                   if (t.factor == f).any() else "–" for f in solved_at]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append(cells)
         seeds = []
         for c in seed_cols:
             values = [t[t.factor == f][c] for f in lengths] + [g[g.metric == "lengthgen_score"][c]]
             seeds.append(" / ".join(_pct(v.iloc[0]) if len(v) else "–" for v in values)
                          if t[c].notna().any() else "–")
-        per_seed.append(f"| {variant} | {subtask} | " + " | ".join(seeds) + " |")
-    return "\n".join(lines + per_seed) + "\n"
+        per_seed.append([variant, subtask, *seeds])
+    lines = ["Token accuracy (%), mean [95 % t-interval] over seeds; score = mean over lengths in (L, 3L]; seq. acc. = "
+             "sequences with every answer right (mean over seeds). "
+             f"Sweep `{report.name}`" + (f"; missing runs: {', '.join(report.missing)}" if report.missing else "."),
+             "", pipe_table(head, rows), "",
+             "Per seed: token accuracy (%) at " + " / ".join(f"{f}x" for f in lengths) + ", score", "",
+             pipe_table(["variant", "subtask", *(c.replace("_", " ") for c in seed_cols)], per_seed)]
+    return "\n".join(lines) + "\n"
 
 
 def _pct(x: float) -> str:
