@@ -11,7 +11,7 @@
 ...     def forward(self, tokens):
 ...         x = self.embed(tokens)
 ...         x = x + self.lstm(x)[0]
-...         mask = nn.Transformer.generate_square_subsequent_mask(tokens.shape[1])
+...         mask = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool).triu(1)  # True: not seen
 ...         return self.unembed(x + self.attn(x, x, x, attn_mask=mask, need_weights=False)[0])
 >>> wrapped = probe.wrap(Tiny(), attention=["attn"], recurrent=["lstm"])
 >>> logits, cache = wrapped.run_with_cache(torch.zeros(2, 5, dtype=torch.long))
