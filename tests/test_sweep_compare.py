@@ -1,12 +1,10 @@
-"""Seed-level statistics against slow obvious oracles and scipy, variant comparisons, and the committed mechanism
-table recomputed from the compact files in results/."""
+"""Seed-level statistics against slow obvious oracles and scipy, and variant comparisons (the committed mechanism
+table is recomputed in tests/study/test_mechanism_table.py)."""
 
 from __future__ import annotations
 
 import itertools
-import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -32,7 +30,6 @@ from probe.core.stats import (
 from probe.errors import ProbeError
 from probe.sweep.compare import compare, comparison_table, plot_seed_dots
 
-ROOT = Path(__file__).resolve().parent.parent
 accuracies = st.floats(0, 1, allow_nan=False).map(lambda x: round(x, 3))  # ties happen, as at 100 %
 
 
@@ -221,22 +218,35 @@ def test_a_non_significant_difference_is_never_called_equal():
 
 # --- comparisons ------------------------------------------------------------------------------------------------------
 def test_compare_reports_difference_interval_p_minimum_and_adjusted_p():
-    c = curves({"joint": [0.6, 0.7, 0.5], "dat": [1.0, 0.99, 1.0], "stopgrad": [0.65, 0.55, 0.7]})
+    joint, dat, stopgrad = [0.6, 0.7, 0.5, 0.65, 0.55, 0.62], [1.0, 0.99, 1.0, 0.98, 1.0, 0.99], \
+        [0.65, 0.55, 0.7, 0.6, 0.58, 0.66]
+    c = curves({"joint": joint, "dat": dat, "stopgrad": stopgrad})
     rows = compare(c, ["joint", "dat"])
-    dat = rows[(rows.variant == "dat") & (rows.baseline == "joint")].iloc[0]
-    assert dat.difference == pytest.approx(0.99667 - 0.6, abs=1e-4)
-    ref = stats.ttest_ind([1.0, 0.99, 1.0], [0.6, 0.7, 0.5], equal_var=False).confidence_interval()
-    assert (dat.difference_ci_low, dat.difference_ci_high) == pytest.approx((ref.low, ref.high))
-    assert dat.p_permutation == pytest.approx(0.1) and dat.p_min_attainable == pytest.approx(0.1)
+    row = rows[(rows.variant == "dat") & (rows.baseline == "joint")].iloc[0]
+    assert row.difference == pytest.approx(np.mean(dat) - np.mean(joint))
+    ref = stats.ttest_ind(dat, joint, equal_var=False).confidence_interval()
+    assert (row.difference_ci_low, row.difference_ci_high) == pytest.approx((ref.low, ref.high))
+    # 6 vs 6 seeds, every dat seed above every joint seed: the most extreme of C(12, 6) relabelings, two-sided
+    assert row.p_permutation == pytest.approx(2 / 924) and row.p_min_attainable == pytest.approx(2 / 924)
     # joint-dat appears twice (once per baseline) but is one test: 3 distinct pairs in the family
-    assert set(rows.n_tests) == {3}
-    assert dat.p_holm == pytest.approx(min(1, 3 * 0.1)) and dat.p_holm >= dat.p_permutation
+    assert set(rows.n_tests) == {3} and set(rows.family) == {3}
+    assert row.p_holm == pytest.approx(3 * 2 / 924) and row.verdict.startswith("+")
     sg = rows[(rows.variant == "stopgrad") & (rows.baseline == "joint")].iloc[0]
     assert sg.p_permutation > 0.5 and sg.verdict.startswith("no difference detected, difference CI [")
     table = comparison_table(rows)
-    assert "| dat | joint | 3 vs 3 |" in table and "Holm" in table and " = " not in table
+    assert "| dat | joint | 6 vs 6 |" in table and "Holm" in table and " = " not in table
     with pytest.raises(ProbeError, match="no such variant"):
         compare(c, ["delayed"])
+
+
+def test_a_comparison_whose_seeds_cannot_reach_significance_is_descriptive_not_a_test():
+    # 3 vs 3 seeds: the smallest exact two-sided p is 2/20 = 0.1, above 0.05 before any adjustment; the
+    # difference is as large as it can be, and still no test is run or reported
+    c = curves({"joint": [0.6, 0.7, 0.5], "dat": [1.0, 0.99, 1.0]})
+    row = compare(c, ["joint"]).iloc[0]
+    assert not row.testable and np.isnan(row.p_permutation) and np.isnan(row.p_holm)
+    assert row.p_min_attainable == pytest.approx(0.1) and "descriptive" in row.verdict
+    assert "no test was run" in comparison_table(compare(c, ["joint"]))
 
 
 def test_seed_dot_figure_has_a_dot_per_seed():
@@ -248,57 +258,3 @@ def test_seed_dot_figure_has_a_dot_per_seed():
     fig = plot_seed_dots(c, summary)
     dots = [coll.get_offsets() for coll in fig.axes[0].collections if type(coll) is PathCollection]
     assert sorted(np.concatenate(dots)[:, 1]) == [0.6, 0.7, 0.99, 1.0]  # one dot per seed, at its value
-
-
-# --- the committed mechanism table, recomputed from results/mechanism/{runs.jsonl,curves.csv} -------------------------
-MECHANISM = {  # variant: (state at 3x per seed, %, one decimal), as the README's table quotes them
-    "joint": [96.3, 65.6, 59.2, 90.7, 70.0], "dat": [100.0, 100.0, 98.9, 99.0, 100.0],
-    "stopgrad": [100.0, 100.0, 100.0, 99.5, 99.3], "stopgrad-rnn": [100.0, 99.7, 99.2, 99.1, 100.0],
-    "stopgrad-nonrnn": [70.2, 93.6, 69.9, 56.2, 67.4], "stopgrad-rnn0": [99.9, 100.0, 98.8],
-    "stopgrad-rnn1": [81.8, 79.8, 66.6], "frozen": [99.4, 100.0, 99.1, 99.5, 100.0],
-    "dat-frozen-rnn": [99.4, 99.7, 99.2, 99.4, 100.0],
-}
-# (variant, baseline): difference (points), exact p (3 decimals). Equal group sizes give the README's p-values; the
-# two 3-vs-5 rows that the README printed below their minimum (0.018) or as |diff| tails (0.84, 0.98) now follow
-# the corrected two-sided definition.
-P_VALUES = {("dat", "joint"): (23.2, 0.008), ("stopgrad", "joint"): (23.4, 0.008),
-            ("stopgrad-nonrnn", "joint"): (-4.9, 0.651), ("stopgrad-rnn0", "joint"): (23.2, 0.036),
-            ("stopgrad-rnn1", "joint"): (-0.3, 1.0), ("stopgrad", "dat"): (0.2, 0.603),
-            ("stopgrad-rnn", "dat"): (0.0, 0.889), ("stopgrad-nonrnn", "dat"): (-28.1, 0.008),
-            ("stopgrad-rnn1", "dat"): (-23.5, 0.036), ("stopgrad-rnn0", "dat"): (-0.0, 0.607),
-            ("frozen", "dat"): (0.0, 0.921), ("dat-frozen-rnn", "dat"): (-0.0, 0.952)}
-
-
-def test_mechanism_table_recomputes_from_the_committed_compact_files():
-    from probe.results import load_grid
-    from probe.sweep.aggregate import aggregate
-
-    grid = load_grid(ROOT / "results" / "mechanism")
-    assert grid.source == "compact" and len(grid.runs) >= 41  # seeds are added as they land
-    runs = grid.runs.set_index("run")
-    # the table as first published: the 41 runs of seeds 0-4 (0-2 for the block variants)
-    first = {(v, s) for v, seeds in MECHANISM.items() for s in range(len(seeds))}
-    keep = [(v, s) in first for v, s in zip(grid.curves.variant, grid.curves.seed, strict=True)]
-    for variant, seeds in MECHANISM.items():
-        values = [100 * runs.loc[f"{variant}/seed{s}", "state_acc_3x"] for s in range(len(seeds))]
-        assert [round(v, 1) for v in values] == seeds, variant
-        at = grid.curves[(grid.curves.variant == variant) & (grid.curves.subtask == "state")
-                         & (grid.curves.length == 75) & (grid.curves.seed < len(seeds))].sort_values("seed")
-        assert list(at.token_acc) == [runs.loc[f"{variant}/seed{s}", "state_acc_3x"] for s in range(len(seeds))]
-    rows = compare(grid.curves[keep], ["joint", "dat"]).set_index(["variant", "baseline"])
-    for key, (diff, p) in P_VALUES.items():
-        assert round(100 * rows.loc[key, "difference"], 1) == diff, key
-        assert round(rows.loc[key, "p_permutation"], 3) == p, key
-        assert rows.loc[key, "p_permutation"] >= rows.loc[key, "p_min_attainable"] - 1e-12
-    assert rows.p_holm.min() == pytest.approx(15 * 2 / 252)  # 15 distinct tests: nothing survives Holm
-    # the committed results.json is what --report computes from the committed compact files
-    committed = json.loads((ROOT / "results" / "mechanism" / "results.json").read_text())
-    summary = [r for r in committed["results"] if r["row"] == "summary"]
-    fresh = aggregate(ROOT / "results" / "mechanism").summary
-    joint = fresh[(fresh.variant == "joint") & (fresh.subtask == "state") & (fresh.factor == 3)
-                  & (fresh.metric == "token_acc")].iloc[0]
-    stored = next(r for r in summary if r["variant"] == "joint" and r["subtask"] == "state" and r["factor"] == 3
-                  and r["metric"] == "token_acc")
-    assert stored["mean"] == joint["mean"] and stored["ci_low"] == joint.ci_low
-    first_joint = t_interval([runs.loc[f"joint/seed{s}", "state_acc_3x"] for s in range(5)])
-    assert (round(100 * first_joint.low, 1), round(100 * first_joint.high, 1)) == (56.2, 96.5)

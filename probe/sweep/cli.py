@@ -175,7 +175,10 @@ def _report(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     report = aggregate(out)
     text = markdown_table(report)
     if args.compare:
-        comparison = compare(report.curves, args.compare)
+        # the metric of record where the grid has it: the window of positions that holds 3x L_train
+        windows = report.grid.windows if report.grid is not None else None
+        window = "(2x, 4x]" if windows is not None and (windows.window == "(2x, 4x]").any() else None
+        comparison = compare(report.curves, args.compare, windows=windows, window=window)
         report.result["results"] += tidy(comparison.to_dict("records"))
         text += "\n" + comparison_table(comparison)
     paths = write_report(report, out, figure=not args.no_figure)

@@ -11,6 +11,7 @@ import pandas as pd
 
 from probe.core.stats import (
     benjamini_hochberg,
+    can_reject,
     describe_difference,
     holm,
     permutation_p,
@@ -24,12 +25,24 @@ from probe.errors import ProbeError
 ALPHA = 0.05
 
 
-def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "state", factor: int = 3) -> pd.DataFrame:
-    """One row per (variant, baseline): means over seeds of token accuracy at ``factor`` x L_train, their
-    difference with its Welch 95 % interval, the exact two-sided permutation p, the smallest p the seed counts
-    allow, and Holm- and BH-adjusted p over the table. A pair met twice (``dat`` vs ``joint`` and ``joint`` vs
-    ``dat``) is one test of the family, so the adjustment counts it once."""
-    at = curves[(curves.subtask == subtask) & (curves.length == factor * curves.train_length)]
+def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "state", factor: int = 3,
+            windows: pd.DataFrame | None = None, window: str | None = None) -> pd.DataFrame:
+    """One row per (variant, baseline): means over seeds of token accuracy at ``factor`` x L_train (or, given
+    ``windows`` and a ``window`` name such as ``"(2x, 4x]"``, in that window of positions: the metric of record),
+    their difference with its Welch 95 % interval, the exact two-sided permutation p, the smallest p the seed
+    counts allow, and Holm- and BH-adjusted p over the table. A pair met twice (``dat`` vs ``joint`` and ``joint``
+    vs ``dat``) is one test of the family, so the adjustment counts it once. A pair whose seed counts cannot reach
+    an adjusted p below 0.05 in a family of this size (``can_reject``) is not run as a test: its p columns are NaN
+    and its verdict says it is descriptive."""
+    if window is not None:
+        if windows is None or windows.empty:
+            raise ProbeError(f"comparison in window {window}: this grid has no windows (evaluated before them?)")
+        at = windows[(windows.subtask == subtask) & (windows.window == window)]
+        if at.empty:
+            raise ProbeError(f"no window {window!r} for {subtask}; have {', '.join(dict.fromkeys(windows.window))}")
+        at = at.assign(length=at.hi, train_length=at.hi)  # the window's end stands where a length would
+    else:
+        at = curves[(curves.subtask == subtask) & (curves.length == factor * curves.train_length)]
     per_seed = {v: g.set_index("seed").token_acc.dropna() for v, g in at.groupby("variant", sort=False)}
     unknown = [b for b in baselines if b not in per_seed]
     if unknown:
@@ -44,24 +57,31 @@ def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "stat
             diff = welch_interval(values.to_numpy(), ref.to_numpy())
             mean = t_interval(values.to_numpy())
             n_a, n_b = len(values), len(ref)
-            p = permutation_p(values.to_numpy(), ref.to_numpy()) if n_a and n_b else math.nan
             rows.append({"row": "comparison", "checkpoint": None, "variant": variant, "baseline": base,
-                         "subtask": subtask, "factor": factor, "length": int(factor * at.train_length.iloc[0]),
+                         "subtask": subtask, "factor": None if window else factor, "window": window,
+                         "length": int(at.length.iloc[0]) if window else int(factor * at.train_length.iloc[0]),
                          "n_seeds": n_a, "n_seeds_baseline": n_b, "mean": mean.estimate,
                          # accuracies live in [0, 1]: cutting the interval there keeps its coverage
                          "mean_ci_low": float(np.clip(mean.low, 0, 1)), "mean_ci_high": float(np.clip(mean.high, 0, 1)),
                          "mean_baseline": float(ref.mean()), "difference": diff.estimate,
                          "difference_ci_low": diff.low, "difference_ci_high": diff.high,
-                         "p_permutation": p, "p_min_attainable": permutation_p_min(n_a, n_b),
-                         "pair": "|".join(sorted((variant, base)))})
+                         "p_min_attainable": permutation_p_min(n_a, n_b), "pair": "|".join(sorted((variant, base))),
+                         "_a": values.to_numpy(), "_b": ref.to_numpy()})
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
-    unique = frame.drop_duplicates("pair")
+    family = frame.pair.nunique()
+    frame["testable"] = [bool(len(a) and len(b)) and can_reject(len(a), len(b), family=family, alpha=ALPHA)
+                         for a, b in zip(frame._a, frame._b, strict=True)]
+    frame["p_permutation"] = [permutation_p(a, b) if ok else math.nan
+                              for a, b, ok in zip(frame._a, frame._b, frame.testable, strict=True)]
+    frame = frame.drop(columns=["_a", "_b"])
+    unique = frame[frame.testable].drop_duplicates("pair")
     adjusted = pd.DataFrame({"pair": unique.pair, "p_holm": holm(unique.p_permutation.to_numpy()),
                              "p_bh": benjamini_hochberg(unique.p_permutation.to_numpy())})
     frame = frame.merge(adjusted, on="pair", how="left").drop(columns="pair")
     frame["n_tests"] = len(unique)
+    frame["family"] = family
     frame["verdict"] = [_verdict(r) for r in frame.itertuples()]
     return frame
 
@@ -72,6 +92,11 @@ def _verdict(r: Any) -> str:
     from probe.core.stats import Interval
 
     diff = Interval(r.difference, r.difference_ci_low, r.difference_ci_high, min(r.n_seeds, r.n_seeds_baseline))
+    if not r.testable:
+        return ("difference " + describe_difference(diff, 0.0, ALPHA)
+                + f"; descriptive: {r.n_seeds} vs {r.n_seeds_baseline} seeds cannot reach adjusted p < {ALPHA} "
+                f"in a family of {r.family} (smallest attainable {_p(r.p_min_attainable)} x {r.family}), so no "
+                "test was run")
     if np.isfinite(r.p_holm) and r.p_holm >= ALPHA and r.p_permutation < ALPHA:
         return describe_difference(diff, r.p_permutation, ALPHA) + f", not significant after Holm (p {_p(r.p_holm)})"
     return describe_difference(diff, r.p_holm, ALPHA)
@@ -96,10 +121,13 @@ def comparison_table(rows: pd.DataFrame) -> str:
         cells.append([r.variant, r.baseline, f"{r.n_seeds} vs {r.n_seeds_baseline}", f"{100 * r.mean:.1f}{ci}",
                       f"{100 * r.mean_baseline:.1f}", f"{100 * r.difference:+.1f}{dci}", _p(r.p_permutation),
                       _p(r.p_min_attainable), _p(r.p_holm), _p(r.p_bh), r.verdict])
-    lines = [f"Against baselines: {r0.subtask} token accuracy (%) at {r0.factor}x L_train. Difference of means with "
+    where = f"in the window {r0.window} of positions" if r0.get("window") else f"at {r0.factor}x L_train"
+    lines = [f"Against baselines: {r0.subtask} token accuracy (%) {where}. Difference of means with "
              "its Welch 95 % interval; p: exact two-sided permutation test over seeds (twice the smaller tail; "
              f"min. p: the smallest those seed counts allow); Holm and BH: adjusted over the {int(r0.n_tests)} "
-             f"distinct tests of this table; verdict at Holm p < {ALPHA}.", "", pipe_table(head, cells)]
+             f"distinct tests of this table that were run (a pair whose seeds cannot reach adjusted p < {ALPHA} "
+             f"in the family of {int(r0.family)} is reported descriptively); verdict at Holm p < {ALPHA}.", "",
+             pipe_table(head, cells)]
     return "\n".join(lines) + "\n"
 
 
