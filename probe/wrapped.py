@@ -227,6 +227,19 @@ class WrappedConfig:
 
 
 # --- the wrapped model ----------------------------------------------------------------------------------------------
+class NotExposedError(ProbeError, AttributeError):
+    """An analysis asked a wrapped model for a part of probe's own models (its blocks, embedding, attention
+    pattern). An ``AttributeError`` too, so that ``hasattr`` and ``getattr(..., default)`` keep working."""
+
+
+PROBE_MODEL_PARTS = frozenset({"blocks", "embed", "unembed", "ln_final", "pos_embed", "attention_blocks", "W_E",
+                               "W_U", "b_U", "W_Q", "W_K", "W_V", "W_O", "b_Q", "b_K", "b_V", "b_O", "QK", "OV",
+                               "W_in", "W_out", "b_in", "b_out", "set_fp32_recurrence", "accumulated_bias"})
+"""What analyses written for probe's own blocks read; on a wrapped model each is refused in one line."""
+
+WORKS_ON_WRAPPED = "probe.gradients (the split and the lookahead) and probe.probes (--no-patching)"
+
+
 class WrappedModel(HookedRootModule):
     """A user's ``nn.Module`` as a TransformerLens ``HookedRootModule``; built by ``probe.wrap``.
 
@@ -280,6 +293,38 @@ class WrappedModel(HookedRootModule):
         self.hook_logits = HookPoint()  # [batch, pos, vocab]
         self.cfg = self._config()
         self.setup()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name in PROBE_MODEL_PARTS:
+                raise NotExposedError(f"this analysis reads model.{name}, a part of probe's own blocks that a wrapped "
+                                      f"model does not expose; on a wrapped model run {WORKS_ON_WRAPPED}") from None
+            raise
+
+    def _check_names(self, names: Any) -> None:
+        """A hook name the model does not have is one line naming the nearest ones (an analysis written for probe's
+        blocks asks for ``blocks.{i}...`` names)."""
+        from probe.models.cache import unknown_hook
+
+        for name in [names] if isinstance(names, str) else names if isinstance(names, (list, tuple)) else []:
+            if isinstance(name, str) and name not in self.hook_dict:
+                what = ("a wrapped model has no hook" if not name.startswith("blocks.") else
+                        f"a wrapped model has no probe blocks (on it run {WORKS_ON_WRAPPED}), so no hook")
+                raise unknown_hook(name, self.hook_dict, what)
+
+    def add_hook(self, name: Any, hook: Callable, *args: Any, **kwargs: Any) -> None:
+        self._check_names(name)
+        super().add_hook(name, hook, *args, **kwargs)
+
+    def _enable_hook_with_name(self, name: str, hook: Callable, dir: Literal["fwd", "bwd"]) -> None:
+        self._check_names(name)  # the path of hooks(...) and run_with_hooks(...) for a hook given by name
+        super()._enable_hook_with_name(name, hook, dir)
+
+    def get_caching_hooks(self, names_filter: Any = None, *args: Any, **kwargs: Any) -> tuple[dict, list, list]:
+        self._check_names(names_filter)
+        return super().get_caching_hooks(names_filter, *args, **kwargs)
 
     def _site(self, name: str) -> Site:
         node: nn.Module = self.sites

@@ -132,6 +132,22 @@ def test_refusals_are_one_line(task):
         other(torch.zeros(2, 3, dtype=torch.long))
 
 
+def test_what_only_probes_own_models_have_is_refused_in_one_line(task):
+    """Analyses written for probe's blocks (attributions, shortcuts, sharpness) stop on a wrapped model with one line
+    that names the analyses that run on it; hasattr still answers False."""
+    from probe.models.cache import UnknownHookError
+    from probe.wrapped import NotExposedError
+
+    wrapped = wrapped_hybrid(task)
+    assert not hasattr(wrapped, "blocks")
+    with pytest.raises(NotExposedError, match="probe.gradients .* probe.probes") as e:
+        wrapped.attention_blocks  # noqa: B018
+    assert "\n" not in str(e.value)
+    with pytest.raises(UnknownHookError, match="no probe blocks"):
+        wrapped.run_with_hooks(task.sample(8, 2, 0).tokens, fwd_hooks=[("blocks.0.attn.hook_pattern", print)])
+    assert no_hooks_left(wrapped)
+
+
 # --- analyses on the wrapped hybrid ----------------------------------------------------------------------------------
 def test_gradient_split_and_its_exactness_checks(task):
     wrapped = wrapped_hybrid(task)
