@@ -21,8 +21,11 @@ from probe.core.meta import schedule_gate
 from probe.errors import ProbeError
 from probe.gradients import controls as C
 from probe.gradients import lookahead as LA
-from probe.schedules import ScheduleConfig
-from probe.train import TrainConfig, Trainer, train, train_batch_seed
+from probe.training.batches import train_batch_seed
+from probe.training.config import TrainConfig
+from probe.training.points import At
+from probe.training.settings import ScheduleConfig
+from probe.training.trainer import Trainer, train
 
 from conftest import tiny_model
 
@@ -163,9 +166,9 @@ def test_lookahead_first_order_matches_a_real_step(hybrid, task):
 
 @pytest.mark.parametrize("mutation", ["sign", "half"])
 def test_first_order_control_fails_when_the_step_is_not_the_predicted_one(hybrid, task, monkeypatch, mutation):
-    real = LA._apply
+    real = LA.add_step
     factor = {"sign": -1.0, "half": 0.5}[mutation]
-    monkeypatch.setattr(LA, "_apply", lambda params, step: real(params, factor * step))
+    monkeypatch.setattr(LA, "add_step", lambda params, step: real(params, factor * step))
     row = C.first_order_control("x", G.measure_lookahead(hybrid, task, cfg=SMALL))
     assert row["value"] > 0.3 and not row["passed"]
 
@@ -203,8 +206,8 @@ def runs(tmp_path_factory):
     task = make_task("interleaved", train_length=8)
     model_cfg = ModelConfig(family="hybrid", vocab_size=task.vocab_size, d_model=16, n_layers=2, n_heads=2)
     out = {}
-    for kind, sched, steps in (("joint", ScheduleConfig(kind="joint"), 40),
-                               ("dat", ScheduleConfig(kind="delayed", switch=30), 60)):
+    for kind, sched, steps in (("joint", ScheduleConfig(), 40),
+                               ("dat", ScheduleConfig(variant="dat", switch=At(step=30)), 60)):
         cfg = TrainConfig(steps=steps, batch_size=16, eval_every=steps, eval_samples=8, ckpt_every=steps,
                           traj_every=20, lr=3e-3, warmup=5, schedule=sched)
         train(model_cfg, task, cfg, root / kind, progress=False)
@@ -377,9 +380,9 @@ def test_positions_check_fails_when_in_range_answers_leak_in(hybrid, task, monke
 
 @pytest.mark.parametrize("mutation", ["sign", "half"])
 def test_beyond_first_order_check_fails_when_the_step_is_not_the_predicted_one(hybrid, task, monkeypatch, mutation):
-    real = LA._apply
+    real = BY.add_step
     factor = {"sign": -1.0, "half": 0.5}[mutation]
-    monkeypatch.setattr(LA, "_apply", lambda params, step: real(params, factor * step))
+    monkeypatch.setattr(BY, "add_step", lambda params, step: real(params, factor * step))
     _, checks = BY.measure_beyond_range(hybrid, task, cfg=BEYOND)
     row = BY.first_order_check("x", checks["first_order_error"])
     assert row["value"] > 0.3 and not row["passed"]
@@ -503,28 +506,3 @@ def test_beyond_verdict_rule(att_far, att_train, expected):
          "z": att_train, "direction_norm": 1.0, "vs_random_z": 0.0}])
     v = BY.verdict_beyond(rows)
     assert v["verdict"] == expected and "refute" not in v["detail"]
-
-
-@pytest.mark.slow  # trains two 40-60-step runs (module fixture)
-def test_dense_lookahead_script_writes_every_snapshot_once_and_refuses_a_missing_one(runs, tmp_path, monkeypatch):
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import dense_lookahead as D
-
-    folder, work, out = runs["joint"] / "trajectory", tmp_path / "work", tmp_path / "out"
-    objs = [D.measure(folder / f"step_{s:06d}.pt", work / f"{s}.json", lengths=[8], batch_size=16,
-                      lookahead_cfg=SMALL) for s in (0, 20)]
-    D.collect(objs, out)
-    la, verdicts = pd.read_csv(out / "lookahead.csv"), pd.read_csv(out / "verdicts.csv")
-    checks = pd.read_csv(out / "checks.csv")
-    assert list(la.columns) == D.LOOKAHEAD_COLUMNS and sorted(verdicts.step) == [0, 20]
-    assert set(la[la.loss == "state"].positions) == {">L", ">2L"}  # beyond-range targets only
-    assert {"lookahead_first_order", "lookahead_positions", "lookahead_vs_random"} <= set(checks.control)
-    assert set(checks.dropna(subset=["step"]).step) == {0, 20}
-
-    def fail(*a, **k):
-        raise AssertionError("a cached snapshot was measured again")
-
-    monkeypatch.setattr(D, "analyze_checkpoint", fail)
-    again = D.measure(folder / "step_000020.pt", work / "20.json")
-    assert json.dumps(again, sort_keys=True) == json.dumps(objs[1], sort_keys=True)
-    assert D.main([str(folder), "--steps", "0", "25", "--work", str(work), "--out", str(out)]) == 2

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-import probe.train
+import probe.training.trainer
 from probe.checkpoint import load_checkpoint
 from probe.errors import ProbeError
 from probe.hardware import precision_used
@@ -55,7 +55,7 @@ def _marker(run) -> Path:
 def kill_once(run, opts):
     """``execute_run``, except that the first time its worker process SIGKILLs itself right after writing the
     last.pt of step KILL_STEP (the marker file says it happened, and at which step)."""
-    real = probe.train.save_checkpoint
+    real = probe.training.trainer.save_checkpoint
 
     def save_then_die(path, ckpt):
         written = real(path, ckpt)
@@ -64,11 +64,11 @@ def kill_once(run, opts):
             os.kill(os.getpid(), signal.SIGKILL)
         return written
 
-    probe.train.save_checkpoint = save_then_die  # the trainer calls it through its module
+    probe.training.trainer.save_checkpoint = save_then_die  # the trainer calls it through its module
     try:
         return execute_run(run, opts)
     finally:
-        probe.train.save_checkpoint = real
+        probe.training.trainer.save_checkpoint = real
 
 
 def kill_always(run, opts):
@@ -126,7 +126,7 @@ def test_toml_config_gives_variant_x_seed_runs_with_overrides_in_order(tmp_path)
     assert [r.key for r in cli.runs(tmp_path)] == ["joint/seed3", "stopgrad/seed3"]
     assert all(r.steps == 9 and r.overrides[-1] == "train.lr=0.002" for r in cli.runs(tmp_path))
     assert config_from_dict(cfg.to_dict()) == cfg  # what sweep.json stores reads back as the same sweep
-    assert load_config("sweeps/reproduction.toml").runs("runs")[0].out.parts[-2:] == ("lstm", "seed0")
+    assert load_config("study/sweeps/reproduction.toml").runs("runs")[0].out.parts[-2:] == ("lstm", "seed0")
 
 
 @pytest.mark.parametrize("text,message", [

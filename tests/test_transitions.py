@@ -145,31 +145,3 @@ def test_analyze_of_a_hand_set_counter_reports_it_in_the_summary(tmp_path):
     row = r.summary[(r.summary.block == 0) & (r.summary.order == 10)].iloc[0]
     assert row.channels >= 1 and row.best_horizon > 16 * TASK.train_length and math.isfinite(row.beyond)
     assert all(c["passed"] for c in r.controls)
-
-
-def test_grid_script_reads_ssm_runs_once_and_skips_other_cells(tmp_path, monkeypatch):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-    import recurrent_transitions
-
-    runs = tmp_path / "runs"
-    for variant, model in (("hybrid-ssm-complex-dat", ssm("complex")),
-                           ("hybrid-gru-dat", tiny_model("hybrid", TASK.vocab_size, rnn="gru"))):
-        (runs / variant / "seed0").mkdir(parents=True)
-        save_checkpoint(runs / variant / "seed0" / "final.pt", checkpoint_from_model(
-            model, TASK, train_config={"seed": 0, "schedule": {"kind": "joint"}}))
-    out = tmp_path / "transitions.csv"
-    assert recurrent_transitions.main([str(runs), "--out", str(out), "--samples", "8"]) == 0
-    import pandas as pd
-
-    df = pd.read_csv(out)
-    assert set(df.variant) == {"hybrid-ssm-complex-dat"} and sorted(set(df.order)) == [2, 5, 10]
-    assert len(df) == 2 * 3  # blocks x orders
-    before = out.read_text()
-    calls = []
-    monkeypatch.setattr(recurrent_transitions, "analyze", lambda *a, **k: calls.append(a))
-    assert recurrent_transitions.main([str(runs), "--out", str(out)]) == 0
-    assert not calls and out.read_text() == before  # finished runs are not read again
-    assert recurrent_transitions.main([str(tmp_path / "nowhere"), "--out", str(out)]) == 2

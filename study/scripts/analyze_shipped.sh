@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Rerun every analysis of the shipped checkpoints whose output README and docs quote: results/{gradients,
+# Rerun every analysis of the shipped checkpoints whose output README and docs quote: study/results/{gradients,
 # attributions,probes,shortcuts}/, figures/ and the executed notebooks. Run it after a file in checkpoints/ changes.
 # Each step is one of the commands the docs give; on this 2-core machine the whole script takes about 30 min of CPU.
-# Usage: scripts/analyze_shipped.sh [STEP ...]   (steps: gradients attributions probes shortcuts figures notebooks;
+# Usage: study/scripts/analyze_shipped.sh [STEP ...]   (steps: gradients attributions probes shortcuts figures notebooks;
 # default all)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."  # the repository root
 PY=${PYTHON:-$PWD/.venv/bin/python}
 export MPLBACKEND=Agg
 steps=("$@")
@@ -27,18 +27,18 @@ for step in "${steps[@]}"; do
   echo "=== $step ($(date +%T))" >&2
   case $step in
     gradients)
-      to results/gradients/trajectories_shipped.json $PY -m probe.gradients checkpoints/trajectories/hybrid-joint \
+      to study/results/gradients/trajectories_shipped.json $PY -m probe.gradients checkpoints/trajectories/hybrid-joint \
         checkpoints/trajectories/hybrid-dat --json
-      to results/gradients/final_shipped.json $PY -m probe.gradients "${hybrids[@]}" --json ;;
+      to study/results/gradients/final_shipped.json $PY -m probe.gradients "${hybrids[@]}" --json ;;
     attributions)
-      to results/attributions/final_shipped.json $PY -m probe.attributions "${hybrids[@]}" --json
-      to results/attributions/final_ig_L25_shipped.json $PY -m probe.attributions "${hybrids[@]}" --lengths 25 --ig --json ;;
+      to study/results/attributions/final_shipped.json $PY -m probe.attributions "${hybrids[@]}" --json
+      to study/results/attributions/final_ig_L25_shipped.json $PY -m probe.attributions "${hybrids[@]}" --lengths 25 --ig --json ;;
     probes)
-      $PY -m probe.probes checkpoints/*.pt --json --out results/probes > /dev/null ;;
+      $PY -m probe.probes checkpoints/*.pt --json --out study/results/probes > /dev/null ;;
     shortcuts)
-      $PY -m probe.shortcuts checkpoints/*.pt --json --out results/shortcuts > /dev/null ;;
+      $PY -m probe.shortcuts checkpoints/*.pt --json --out study/results/shortcuts > /dev/null ;;
     figures)
-      $PY -m probe.figures --out figures ;;
+      $PY -m probe.figures --results study/results --out figures ;;
     notebooks)
       (cd notebooks && for nb in *.ipynb; do
         echo "  $nb" >&2

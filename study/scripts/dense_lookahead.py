@@ -1,8 +1,8 @@
 """The beyond-range lookahead (``probe.gradients``) over the early window of several runs, into small CSVs.
 
-Usage: ``python scripts/dense_lookahead.py DENSE_DIR/joint-seed5 ... [--steps 0 50 ... 500] [--work DIR]
-[--out results/gradients/dense]``. Each argument is a trajectory folder written by
-``scripts/regenerate_trajectories.py --runs RUN --until 500 --steps $(seq 0 25 500)`` (the first 500 steps of a
+Usage: ``python study/scripts/dense_lookahead.py DENSE_DIR/joint-seed5 ... [--steps 0 50 ... 500] [--work DIR]
+[--out study/results/gradients/dense]``. Each argument is a trajectory folder written by
+``python -m probe.retrain RUN --until 500 --steps $(seq 0 25 500) --out DENSE_DIR`` (the first 500 steps of a
 grid's run, a snapshot every 25 steps, checked bit for bit against the run's own snapshots). For each snapshot at
 ``--steps`` it runs the lookahead at its defaults (``probe.gradients.analysis.analyze_checkpoint``: 24 direction
 batches, 8 evaluation batches per target, step scales 0, 0.01, 0.1, 0.3 and 1 x the optimizer's next update) and
@@ -14,8 +14,8 @@ each snapshot it rewrites, in ``--out``:
 - ``verdicts.csv``: one verdict row per snapshot (``probe.gradients``' rule at a real update);
 - ``checks.csv``: every instrument check and control, per snapshot: its value, threshold and whether it passed.
 
-The grid's accuracies are not copied here: ``scripts/doc_blocks.py`` joins them from ``results/mechanism`` by
-variant and seed. The question this answers (fixed before the runs): does the lookahead order the joint runs by the
+The grid's accuracies are not copied here: ``doc_blocks.py`` joins them from ``study/results/mechanism`` by variant
+and seed. The question this answers (fixed before the runs): does the lookahead order the joint runs by the
 depth of their cliff? Its statistic per run is the mean, over the snapshots at steps 50-500, of attention's part's
 beyond-range effect per unit of step at a real update (``part`` att, ``positions`` >L, ``step_scale`` 1), and its
 paired difference from the rest's (``vs_rec``); the cliff's depth is the run's state accuracy at 3x; the test is
@@ -38,7 +38,7 @@ from probe.checkpoint import load_checkpoint
 from probe.errors import ProbeError
 from probe.gradients.analysis import analyze_checkpoint, builtin_controls
 
-ROOT = Path(__file__).resolve().parent.parent
+STUDY = Path(__file__).resolve().parent.parent
 STEPS = list(range(0, 501, 50))
 LOOKAHEAD_COLUMNS = ["variant", "schedule", "seed", "step", "part", "loss", "positions", "step_scale", "effect",
                      "effect_se", "z", "vs_random", "vs_random_z", "vs_rec", "vs_rec_z", "rel_update", "update_source",
@@ -81,7 +81,7 @@ def measure_builtin(cache: Path) -> dict:
 
 def collect(objs: list[dict], out: Path) -> None:
     rows = pd.DataFrame([r for o in objs for r in o["results"]])
-    # the grid's variant, from the folder regenerate_trajectories names <variant>-seed<k> (the checkpoint itself
+    # the grid's variant, from the folder probe.retrain names <variant>-seed<k> (the checkpoint itself
     # records only its schedule's kind: stopgrad-rnn's is "stopgrad")
     rows["variant"] = rows.run.map(lambda run: Path(str(run)).name.rsplit("-seed", 1)[0])
     la = rows[rows.analysis == "lookahead"].reindex(columns=LOOKAHEAD_COLUMNS)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("folders", nargs="+", type=Path, help="trajectory folders (step_XXXXXX.pt)")
     p.add_argument("--steps", nargs="+", type=int, default=STEPS)
     p.add_argument("--work", type=Path, default=Path("runs/dense-lookahead"), help="per-snapshot cache")
-    p.add_argument("--out", type=Path, default=ROOT / "results" / "gradients" / "dense")
+    p.add_argument("--out", type=Path, default=STUDY / "results" / "gradients" / "dense")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     try:
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 snap = folder / f"step_{step:06d}.pt"
                 if not snap.is_file():
                     raise ProbeError(f"{snap}: no snapshot at step {step}; write the folder with "
-                                     f"scripts/regenerate_trajectories.py --steps covering it")
+                                     f"python -m probe.retrain --steps covering it")
                 jobs.append((snap, args.work / folder.name / f"step_{step:06d}.json"))
         objs = [measure_builtin(args.work / "builtin.json")]
         for snap, cache in tqdm(jobs, desc="snapshots", dynamic_ncols=True):

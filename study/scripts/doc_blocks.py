@@ -1,4 +1,4 @@
-"""The blocks of README.md and docs/*.md that quote results/: each a function of the committed results only."""
+"""The blocks of README.md and docs/*.md that quote study/results/: each a function of the committed results only."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from doc_format import grid_of as _grid
-from doc_format import mean_ci, pct, per_seed
+from doc_format import mean_ci, pct, per_seed, results_dir
 from doc_format import p_text as _p
 from doc_format import runs_of as _runs
 from doc_format import table as _table
@@ -110,7 +110,7 @@ def mechanism_in_progress(grid: Grid) -> str:
 
 README_VARIANTS = ["joint", "dat", "stopgrad-rnn", "stopgrad-nonrnn", "stopgrad-rnn0", "rnn0-until1000",
                    "rnn0-until250", "frozen", "frozen-copy", "placebo"]
-"""The rows the README's table shows (the question each answers is in its bullets); docs/mechanism.md shows every
+"""The rows the README's table shows (the question each answers is in its bullets); study/docs/mechanism.md shows every
 variant, and the Holm family is the whole table's either way."""
 
 
@@ -163,7 +163,7 @@ def mechanism_holm(root: Path) -> str:
     return "\n".join(lines)
 
 
-# --- docs/reproduction.md -------------------------------------------------------------------------------------------
+# --- study/docs/reproduction.md ---------------------------------------------------------------------------------------
 def reproduction(root: Path) -> str:
     grid = _grid(root, "reproduction")
     c = grid.curves
@@ -214,7 +214,7 @@ def shipped_joint(root: Path) -> str:
     return _table(["seed", "state at 3x", "recall at 3x", ""], rows)
 
 
-# --- docs/mechanism.md ----------------------------------------------------------------------------------------------
+# --- study/docs/mechanism.md ------------------------------------------------------------------------------------------
 def mechanism_table(root: Path) -> str:
     grid = _grid(root, "mechanism")
     rows = []
@@ -328,7 +328,7 @@ def mechanism_shortcuts(root: Path) -> str:
 
     rows = []
     for name in ("mechanism_seed01", "stopgrad_rnn_seed01", "stopgrad_nonrnn_seed01"):
-        results = json.loads((root / "results" / "mechanism" / "shortcuts" / f"{name}.json").read_text())["results"]
+        results = json.loads((results_dir(root) / "mechanism" / "shortcuts" / f"{name}.json").read_text())["results"]
         for ckpt in dict.fromkeys(r["checkpoint"] for r in results if str(r["checkpoint"]).endswith(".pt")):
             mine = [r for r in results if r["checkpoint"] == ckpt]
 
@@ -350,7 +350,7 @@ def sharpness(root: Path) -> str:
     """The recall head's attention mass on the queried value vs length, with and without log-length scaling."""
     import json
 
-    rows = json.loads((root / "results" / "sharpness" / "results.json").read_text())["results"]
+    rows = json.loads((results_dir(root) / "sharpness" / "results.json").read_text())["results"]
     out = []
     for label in dict.fromkeys(r["label"] for r in rows):
         mass = [r for r in rows if r["label"] == label and r["metric"] == "attention_mass" and r["target"] == "value"]
@@ -395,7 +395,7 @@ def _sharpness_of(path: Path) -> tuple[list[dict], dict, dict]:
 def sharpness_seeds(root: Path) -> str:
     """Several seeds of a grid: per variant and length, each seed's recall accuracy without and with log-length
     scaling, and its recall head's mass on the value (the head with the largest such mass at L_train, per seed)."""
-    rows, recall, mass = _sharpness_of(root / "results" / "sharpness" / "mechanism" / "results.json")
+    rows, recall, mass = _sharpness_of(results_dir(root) / "sharpness" / "mechanism" / "results.json")
     out = []
     for label in dict.fromkeys(r["label"] for r in rows):
         ckpts = list(dict.fromkeys(r["checkpoint"] for r in rows if r["label"] == label))
@@ -414,11 +414,11 @@ def sharpness_seeds(root: Path) -> str:
 
 def sharpness_ssmax(root: Path) -> str:
     """DAT on seeds 0-4 (the long grid) without a scale and with log-length at evaluation, beside DAT trained with
-    scalable softmax on the same seeds (sweeps/ssmax.toml): per length, each seed's recall, the seeds >= 99 %, and
+    scalable softmax on the same seeds (study/sweeps/ssmax.toml): per length, each seed's recall, the seeds >= 99 %, and
     the recall head's mass on the value (mean over seeds, t-interval)."""
-    base = root / "results" / "sharpness"
+    base = results_dir(root) / "sharpness"
     if not (base / "ssmax" / "results.json").is_file() or not (base / "long-dat" / "results.json").is_file():
-        return "No sharpness measurement of `sweeps/ssmax.toml`'s runs is committed yet."
+        return "No sharpness measurement of `study/sweeps/ssmax.toml`'s runs is committed yet."
     out = []
     for name, folder, scale in (("`dat`", "long-dat", "none"), ("`dat`, log-length at evaluation", "long-dat",
                                                                "log-length"), ("`dat-ssmax`", "ssmax", "none")):
@@ -431,7 +431,7 @@ def sharpness_ssmax(root: Path) -> str:
                         pct(float(np.mean([mass[c, length, scale]["reference"] for c in ckpts])))])
     table = _table(["model", "seeds", "L", "recall, each seed", "seeds ≥ 99 %", "recall head's mass (%) [95 % t-CI]",
                     "reference e^Δ/(e^Δ+n−1) (%)"], out)
-    if not (root / "results" / "ssmax" / "runs.jsonl").is_file():
+    if not (results_dir(root) / "ssmax" / "runs.jsonl").is_file():
         return table
     ssmax = _runs(_grid(root, "ssmax"), "dat-ssmax")
     dat = _runs(_grid(root, "long"), "dat")
@@ -443,8 +443,8 @@ def sharpness_ssmax(root: Path) -> str:
 
 
 def throughput(root: Path) -> str:
-    """The benchmark's own table (``python benchmarks/throughput.py``, saved in results/throughput.txt)."""
-    text = (root / "results" / "throughput.txt").read_text()
+    """The benchmark's own table (``python benchmarks/throughput.py``, saved in study/results/throughput.txt)."""
+    text = (results_dir(root) / "throughput.txt").read_text()
     head, table = text.split("\n\n", 2)[:2]
     return "```\n" + head.strip() + "\n```\n\n" + table.strip()
 
@@ -471,7 +471,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "precision": precision,
 }
 
-# the analyses' blocks (docs/gradients.md, probes.md, shortcuts.md) live beside this file
+# the analyses' blocks (study/docs/gradients.md, probes.md, shortcuts.md) live beside this file
 from doc_blocks_analyses import BLOCKS as _ANALYSES  # noqa: E402
 
 BLOCKS.update(_ANALYSES)

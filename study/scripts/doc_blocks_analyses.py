@@ -1,4 +1,4 @@
-"""The blocks of docs/gradients.md, probes.md and shortcuts.md: each a function of the committed results/ only."""
+"""The blocks of study/docs/gradients.md, probes.md and shortcuts.md: each a function of the committed results only."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import math
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
+
+from doc_format import results_dir
 
 Z = 2.0
 """|z| above which a first-order change counts as detected (the lookahead's own threshold)."""
@@ -24,9 +26,9 @@ def _load(path: Path) -> dict:
 
 
 def _json(root: Path, *parts: str) -> dict:
-    path = root.joinpath("results", *parts)
+    path = results_dir(root).joinpath(*parts)
     if not path.is_file():
-        raise SystemExit(f"{path}: missing; rerun the analysis that writes it (scripts/analyze_shipped.sh)")
+        raise SystemExit(f"{path}: missing; rerun the analysis that writes it (study/scripts/analyze_shipped.sh)")
     return _load(path)
 
 
@@ -87,7 +89,7 @@ def _name(ckpt: str) -> str:
     return Path(ckpt).stem.removeprefix("hybrid-") if ckpt.endswith(".pt") and "/" in ckpt else ckpt
 
 
-# --- docs/gradients.md: the lookahead -------------------------------------------------------------------------------
+# --- study/docs/gradients.md: the lookahead ---------------------------------------------------------------------------
 def _gradients(root: Path, name: str) -> dict:
     return _json(root, "gradients", f"{name}.json")
 
@@ -168,7 +170,7 @@ def gradients_losses(root: Path) -> str:
 
 
 def gradients_verdicts(root: Path) -> str:
-    """Every run with a lookahead in results/gradients: where a step along -g_att moves the 3x state loss."""
+    """Every run with a lookahead in study/results/gradients: where a step along -g_att moves the 3x state loss."""
     rows = []
     for name in GRADIENT_FILES:
         data = _gradients(root, name)
@@ -267,7 +269,7 @@ def _g(x: float) -> str:
     return "0" if x == 0 else (f"{x:.2g}" if x >= 0.01 else f"{x:.1e}")
 
 
-# --- docs/gradients.md: attributions --------------------------------------------------------------------------------
+# --- study/docs/gradients.md: attributions ----------------------------------------------------------------------------
 def _attr(root: Path, name: str = "final_shipped") -> list[dict]:
     return _json(root, "attributions", f"{name}.json")["results"]
 
@@ -355,7 +357,7 @@ def gradients_knockout(root: Path) -> str:
     return _knockout_table(root, ("hybrid-joint", "hybrid-dat"), (25, 75))
 
 
-# --- docs/shortcuts.md ----------------------------------------------------------------------------------------------
+# --- study/docs/shortcuts.md ------------------------------------------------------------------------------------------
 def _shortcuts(root: Path) -> dict:
     return _json(root, "shortcuts", "results.json")
 
@@ -402,7 +404,7 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
 }
 
 
-# --- docs/probes.md -------------------------------------------------------------------------------------------------
+# --- study/docs/probes.md ---------------------------------------------------------------------------------------------
 PROBE_ROWS = (("lstm", "blocks.0.lstm.hook_h"), ("transformer", "blocks.1.hook_resid_post"),
               ("hybrid-joint", "blocks.1.lstm.hook_h"), ("hybrid-joint", "blocks.0.lstm.hook_h+blocks.1.lstm.hook_h"),
               ("hybrid-joint", "blocks.0.lstm.hook_h+blocks.0.lstm.hook_c+blocks.1.lstm.hook_h+blocks.1.lstm.hook_c"),
@@ -593,7 +595,7 @@ BLOCKS.update({
 })
 
 
-# --- docs/shortcuts.md ----------------------------------------------------------------------------------------------
+# --- study/docs/shortcuts.md ------------------------------------------------------------------------------------------
 PRESETS = ("lstm", "transformer", "hybrid-joint", "hybrid-dat")
 
 

@@ -1,5 +1,5 @@
-"""The blocks of docs/reproduction.md that quote results/deep/ (sweeps/deep.toml: the 4-block search for the paper's
-cliff to chance): each a function of the committed results only."""
+"""The blocks of study/docs/reproduction.md that quote results/deep/ (sweeps/deep.toml: the 4-block search for the
+paper's cliff to chance): each a function of the committed results only."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 from doc_format import col as _col
-from doc_format import grid_of, mean_ci, p_text, pct, per_seed, runs_of
+from doc_format import grid_of, mean_ci, p_text, pct, per_seed, results_dir, runs_of
 from doc_format import table as _table
 
 from probe.core.stats import permutation_p, permutation_p_min, welch_interval
@@ -28,8 +28,8 @@ def deep(root: Path) -> str:
     """Per variant, 4 blocks beside the same seeds of the 2-block grid: state accuracy at 3x and 16x per seed, the
     seeds below the deep-cliff mark and above the solved mark, recall at 16x, and depth's effect at 3x (Welch
     interval, exact permutation p over seeds; one pre-specified test per schedule, no adjustment across the two)."""
-    if not (root / "results" / "deep").is_dir():
-        return "No run of `sweeps/deep.toml` is committed yet."
+    if not (results_dir(root) / "deep").is_dir():
+        return "No run of `study/sweeps/deep.toml` is committed yet."
     deep_grid, two = grid_of(root, "deep"), grid_of(root, "mechanism")
     rows, tests = [], []
     for variant, base in PAIRS.items():
@@ -52,7 +52,7 @@ def deep(root: Path) -> str:
                          f"{100 * diff.high:+.1f}], p {p_text(permutation_p(a, b))} (smallest attainable "
                          f"{p_text(permutation_p_min(len(a), len(b)))})")
     if not rows:
-        return "No run of `sweeps/deep.toml` is committed yet."
+        return "No run of `study/sweeps/deep.toml` is committed yet."
     table = _table(["variant", "seeds", "state at 3x, each seed", "mean [95 % t-CI]",
                     f"seeds below {100 * DEEP_CLIFF:.0f} % at 3x", f"seeds ≥ {100 * SOLVED:.0f} % at 3x",
                     "state at 16x, each seed", "lowest recall at 16x"], rows)
@@ -60,7 +60,7 @@ def deep(root: Path) -> str:
 
 
 SCREEN = {"deep4-d64-joint": "d_model 64", "deep4-lr1e-3-joint": "lr 1e-3", "deep4-9000-joint": "9000 steps"}
-"""The search's later points (sweeps/deep.toml), each one change from point 1 (4 blocks at the presets' settings),
+"""The search's later points (study/sweeps/deep.toml), each one change from point 1 (4 blocks at the presets' settings),
 screened with two joint seeds before any DAT run."""
 SCREEN_SEEDS, TARGET_BELOW, TARGET_OF = (0, 1), 4, 5
 
@@ -88,8 +88,8 @@ def _screen_verdict(acc: pd.Series) -> str:
 def deep_screen(root: Path) -> str:
     """Each later point of the search: its joint seeds' state accuracy at 3x and 16x, recall at 16x, and the
     screen's verdict."""
-    if not (root / "results" / "deep").is_dir():
-        return "No run of `sweeps/deep.toml` is committed yet."
+    if not (results_dir(root) / "deep").is_dir():
+        return "No run of `study/sweeps/deep.toml` is committed yet."
     grid = grid_of(root, "deep")
     rows = []
     for variant, change in SCREEN.items():

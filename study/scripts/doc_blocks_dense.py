@@ -1,4 +1,4 @@
-"""The blocks of docs/gradients.md that quote results/gradients/dense/ (scripts/dense_lookahead.py: the beyond-range
+"""The blocks of study/docs/gradients.md that quote results/gradients/dense/ (dense_lookahead.py: the beyond-range
 lookahead over the first 500 steps of several runs of the mechanism grid): each a function of the committed results
 only."""
 
@@ -12,7 +12,7 @@ import scipy.stats as sps
 from doc_format import grid_of, p_text, pct
 from doc_format import table as _table
 
-DENSE = ("results", "gradients", "dense")
+DENSE = ("study", "results", "gradients", "dense")
 WINDOW = (50, 500)
 """The steps whose snapshots the per-run statistics average (step 0 is the initialisation: every run starts from
 its own random weights, and Adam has no moments yet)."""

@@ -1,6 +1,6 @@
-"""The blocks of README.md and docs/reproduction.md that quote results/long/ (sweeps/long.toml: the headline presets
-to 16x, 10 seeds) and results/recipe/ (sweeps/recipe.toml: a recipe beyond DAT): each a function of the committed
-results only."""
+"""The blocks of README.md and study/docs/reproduction.md that quote results/long/ (sweeps/long.toml: the headline
+presets to 16x, 10 seeds) and results/recipe/ (sweeps/recipe.toml: a recipe beyond DAT): each a function of the
+committed results only."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from doc_format import col as _col
-from doc_format import grid_of, p_text, pct, per_seed, runs_of
+from doc_format import grid_of, p_text, pct, per_seed, results_dir, runs_of
 from doc_format import table as _table
 
 from probe.core.stats import paired_interval, sign_flip_p, sign_flip_p_min
@@ -26,7 +26,7 @@ RECIPE = "joint-4block"
 
 
 def _grid_or_none(root: Path, name: str):
-    return grid_of(root, name) if (root / "results" / name / "runs.jsonl").is_file() else None
+    return grid_of(root, name) if (results_dir(root) / name / "runs.jsonl").is_file() else None
 
 
 def _holds(r: pd.DataFrame, factor: int, level: float) -> pd.Series:
@@ -58,7 +58,7 @@ def long_readme(root: Path) -> str:
     and the sequences with every answer right at 16x (mean over seeds)."""
     models = _models(root)
     if not models:
-        return "No run of `sweeps/long.toml` is committed yet."
+        return "No run of `study/sweeps/long.toml` is committed yet."
     rows = []
     for name, r in models:
         holds = [f"{int(_holds(r, f, HOLDS).sum())} of {len(r)}" if f"state_acc_{f}x" in r else "–" for f in FACTORS]
@@ -72,7 +72,7 @@ def long_seeds(root: Path) -> str:
     of the long grid reproduce the mechanism grid's committed values (same configs, same CPU kind)."""
     models = _models(root)
     if not models:
-        return "No run of `sweeps/long.toml` is committed yet."
+        return "No run of `study/sweeps/long.toml` is committed yet."
     rows = []
     for name, r in models:
         cols = ["state_acc_3x", "state_acc_4x", "state_acc_8x", "state_acc_16x", "state_seq_acc_16x",
@@ -122,7 +122,7 @@ def recipe(root: Path) -> str:
     pairs, exact sign-flip p; one pre-specified test per candidate, no adjustment)."""
     long, rec = _grid_or_none(root, "long"), _grid_or_none(root, "recipe")
     if long is None or rec is None:
-        return "No run of `sweeps/recipe.toml` is committed yet."
+        return "No run of `study/sweeps/recipe.toml` is committed yet."
     dat = runs_of(long, "dat").set_index("seed")
     rows, tests = [], []
     for v in rec.variants:

@@ -1,5 +1,5 @@
-"""The blocks of README.md and docs/recurrent.md that quote results/recurrent/ (sweeps/recurrent.toml): each a
-function of the committed results only."""
+"""The blocks of README.md and study/docs/recurrent.md that quote results/recurrent/ (sweeps/recurrent.toml):
+each a function of the committed results only."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from doc_format import col as _col
 from doc_format import grid_of as _grid
-from doc_format import mean_ci, pct, per_seed
+from doc_format import mean_ci, pct, per_seed, results_dir
 from doc_format import p_text as _p
 from doc_format import runs_of as _runs
 from doc_format import table as _table
@@ -93,7 +93,7 @@ def recurrent_readme(root: Path) -> str:
     lstm = [("reproduction", "lstm", "alone"), ("mechanism", "joint", "joint"), ("mechanism", "dat", "dat")]
     lstm.append(("mechanism", "stopgrad-rnn", "stopgrad-rnn"))
     by = {s: _runs(_grid(root, name), v) for name, v, s in lstm}
-    long = _grid(root, "long")  # the same joint and dat runs, evaluated again to 16x (sweeps/long.toml)
+    long = _grid(root, "long")  # the same joint and dat runs, evaluated again to 16x (study/sweeps/long.toml)
     rows = [["`lstm`", *(_cell(by[s], 3) for s in ("alone", "joint", "dat", "stopgrad-rnn")),
              *(_cell(_runs(long, s), 16) for s in ("joint", "dat"))]]
     for cell, variants in _cells(grid.variants):
@@ -105,7 +105,7 @@ def recurrent_readme(root: Path) -> str:
 
 
 def recurrent_seeds(root: Path) -> str:
-    """docs/recurrent.md: every seed, state accuracy at 3x, 4x and 16x and the sequence accuracy at 3x."""
+    """study/docs/recurrent.md: every seed, state accuracy at 3x, 4x and 16x and the sequence accuracy at 3x."""
     grid = _grid(root, GRID)
     rows = []
     for v in grid.variants:
@@ -154,7 +154,7 @@ def _interval(lo: float, hi: float) -> str:
 
 
 def recurrent_compare(root: Path) -> str:
-    """docs/recurrent.md: the comparisons against each cell's joint hybrid."""
+    """study/docs/recurrent.md: the comparisons against each cell's joint hybrid."""
     cmp = _comparisons(root)
     if cmp.empty:
         return "No cell has both a joint hybrid and another variant with finished runs yet."
@@ -179,10 +179,10 @@ def recurrent_compare(root: Path) -> str:
 
 
 def recurrent_transitions(root: Path) -> str:
-    """docs/recurrent.md: per SSM variant, how many seeds have a channel that counts mod 2, 5 or 10 beyond 4 x
+    """study/docs/recurrent.md: per SSM variant, how many seeds have a channel that counts mod 2, 5 or 10 beyond 4 x
     L_train (``probe.transitions``, any block), the longest drift horizon of such a channel per seed, and the state
     accuracy at 16x of the seeds with a Z_10 channel and of those without."""
-    path = root / "results" / GRID / "transitions.csv"
+    path = results_dir(root) / GRID / "transitions.csv"
     tr = pd.read_csv(path)
     grid = _grid(root, GRID)
     acc = grid.runs.set_index(["variant", "seed"])
@@ -216,12 +216,12 @@ def _schedule_of(checkpoint: str) -> str:
 
 
 def recurrent_shortcuts(root: Path) -> str:
-    """docs/recurrent.md: shortcut tests of the complex SSM's joint and DAT hybrids (seed 0): the state accuracy
+    """study/docs/recurrent.md: shortcut tests of the complex SSM's joint and DAT hybrids (seed 0): the state accuracy
     each block's attention carries (knock-out drop with its 95 % interval) and the answers a sum-preserving
     perturbation of the last 3 numbers changes (an exact tracker changes none), by length."""
     import json
 
-    data = json.loads((root / "results" / GRID / "analyses" / "shortcuts.json").read_text())
+    data = json.loads((results_dir(root) / GRID / "analyses" / "shortcuts.json").read_text())
     res = pd.DataFrame(data["results"])
     res["schedule"] = res.checkpoint.map(_schedule_of)
     rows = []
@@ -248,10 +248,10 @@ def recurrent_shortcuts(root: Path) -> str:
 
 
 def recurrent_probes(root: Path) -> str:
-    """docs/recurrent.md: the probes' verdicts on the complex SSM's joint and DAT hybrids (seed 0), per block and
+    """study/docs/recurrent.md: the probes' verdicts on the complex SSM's joint and DAT hybrids (seed 0), per block and
     length: best probe accuracy for s_t, the whole-state interchange (later answers that follow the source), and
     the verdict ``probe.probes`` draws from them and its controls."""
-    v = pd.read_csv(root / "results" / GRID / "analyses" / "probes_verdicts.csv")
+    v = pd.read_csv(results_dir(root) / GRID / "analyses" / "probes_verdicts.csv")
     rows = []
     for r in v.itertuples():
         block = "both" if r.block < 0 else str(r.block)

@@ -1,4 +1,4 @@
-"""Formatting shared by the blocks of README.md and docs/*.md that quote results/ (doc_blocks*.py)."""
+"""Formatting shared by the blocks of README.md and docs/*.md that quote study/results/ (doc_blocks*.py)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,13 @@ def per_seed(values: Sequence[float]) -> str:
     return " / ".join(pct(v) for v in values)
 
 
+def results_dir(root: Path) -> Path:
+    """The committed results of the study, in the repository at ``root``."""
+    return root / "study" / "results"
+
+
 def grid_of(root: Path, name: str) -> Grid:
-    return load_grid(root / "results" / name)
+    return load_grid(results_dir(root) / name)
 
 
 def col(runs: pd.DataFrame, name: str) -> pd.Series:

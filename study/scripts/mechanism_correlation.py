@@ -1,8 +1,8 @@
 """Over the joint seeds of the mechanism grid: does early training's attention path predict the final cliff?
 
-Usage: ``python scripts/mechanism_correlation.py``, after, for each seed S, ``python -m probe.gradients
+Usage: ``python study/scripts/mechanism_correlation.py``, after, for each seed S, ``python -m probe.gradients
 runs/mechanism/joint/seedS/trajectory/step_000{250,500,750,1000}.pt --json``
-``> results/gradients/mechanism_joint_seedS.json`` (full trajectories work too).
+``> study/results/gradients/mechanism_joint_seedS.json`` (full trajectories work too).
 For each seed: the mean over steps 250-1000 of the attention path's
 share of the LSTM weights' gradient (‖g_att‖ / ‖g‖, all blocks, L_train) and of the lookahead's z for a step along
 -g_att on the 3x state loss, against the final state accuracy at 3x L_train (the mechanism grid, read through
@@ -22,14 +22,14 @@ from scipy.stats import permutation_test, spearmanr
 
 from probe.results import load_grid
 
-ROOT = Path(__file__).resolve().parent.parent
+STUDY = Path(__file__).resolve().parent.parent
 EARLY = (250, 500, 750, 1000)
 
 
 def per_seed() -> pd.DataFrame:
     rows = []
-    finals = load_grid(ROOT / "results" / "mechanism").runs.set_index("run")
-    for path in sorted((ROOT / "results" / "gradients").glob("mechanism_joint_seed*.json")):
+    finals = load_grid(STUDY / "results" / "mechanism").runs.set_index("run")
+    for path in sorted((STUDY / "results" / "gradients").glob("mechanism_joint_seed*.json")):
         seed = int(path.stem.rsplit("seed", 1)[1])
         frame = pd.DataFrame(json.loads(path.read_text())["results"])
         early = frame[frame.step.isin(EARLY)]
@@ -66,7 +66,7 @@ def main() -> None:
             print(f"{col} vs state_acc_3x: " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
                                                             for k, v in row.items() if k != "quantity"))
     text = json.dumps(out, separators=(",", ":"), default=float)
-    (ROOT / "results" / "mechanism" / "correlation.json").write_text(text + "\n")
+    (STUDY / "results" / "mechanism" / "correlation.json").write_text(text + "\n")
 
 
 if __name__ == "__main__":

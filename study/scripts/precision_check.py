@@ -13,8 +13,8 @@ the smallest two-sided p is 2/32 = 0.0625, so "no difference detected" is all fi
 and the paired t interval of the difference. Also the Spearman correlation of the pairs: whether a seed that does
 well in one precision does well in the other.
 
-Usage: ``python scripts/precision_check.py`` → prints the tables, writes ``results/precision_check.json`` and
-``results/precision/precision_3x.png``.
+Usage: ``python study/scripts/precision_check.py`` → prints the tables, writes ``study/results/precision_check.json``
+and ``study/results/precision/precision_3x.png``.
 """
 
 from __future__ import annotations
@@ -30,13 +30,13 @@ from scipy import stats
 from probe.core.stats import describe_difference, paired_interval, sign_flip_p, sign_flip_p_min
 from probe.results import load_grid
 
-ROOT = Path(__file__).resolve().parent.parent
+STUDY = Path(__file__).resolve().parent.parent
 LENGTHS = (25, 50, 75, 100)
 SOURCES = {"fp32": ("precision", "{v}-fp32"), "bf16+fused": ("mechanism", "{v}")}
 VARIANTS = {"joint": "hybrid-joint", "dat": "hybrid-dat"}
 
 
-def load_rows(root: Path = ROOT / "results") -> pd.DataFrame:
+def load_rows(root: Path = STUDY / "results") -> pd.DataFrame:
     rows = []
     grids = {name: load_grid(root / name) for name in {grid for grid, _ in SOURCES.values()}}
     for variant in VARIANTS:
@@ -47,7 +47,7 @@ def load_rows(root: Path = ROOT / "results") -> pd.DataFrame:
             rows += [{"variant": variant, "precision": precision, "seed": int(r.seed), "subtask": r.subtask,
                       "length": int(r.length), "token_acc": r.token_acc} for r in part.itertuples()]
     if not rows:
-        raise SystemExit("no runs in results/precision or results/mechanism: run the two sweeps first")
+        raise SystemExit("no runs in study/results/precision or study/results/mechanism: run the two sweeps first")
     return pd.DataFrame(rows)
 
 
@@ -109,11 +109,11 @@ def main() -> None:
               f"(per seed {', '.join(f'{100 * d:+.1f}' for d in test['differences'])}); exact paired permutation "
               f"p = {test['p_paired_permutation']:.3f} (smallest attainable {test['smallest_attainable_p']:.4f}); "
               f"Spearman of the pairs {test['spearman_pairs']:+.2f}; {test['verdict']}")
-    plot(pairs, ROOT / "results" / "precision" / "precision_3x.png")
-    out = {"fp32": "results/precision, variants {joint,dat}-fp32 (sweeps/precision.toml)",
-           "bf16+fused": "results/mechanism, variants {joint,dat} (sweeps/mechanism.toml)",
+    plot(pairs, STUDY / "results" / "precision" / "precision_3x.png")
+    out = {"fp32": "study/results/precision, variants {joint,dat}-fp32 (study/sweeps/precision.toml)",
+           "bf16+fused": "study/results/mechanism, variants {joint,dat} (study/sweeps/mechanism.toml)",
            "tests": tests}  # the per-seed values are in the grids' runs.jsonl
-    (ROOT / "results" / "precision_check.json").write_text(
+    (STUDY / "results" / "precision_check.json").write_text(
         json.dumps(out, separators=(",", ":"), default=float) + "\n")
 
 

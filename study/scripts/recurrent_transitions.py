@@ -1,6 +1,7 @@
-"""Read every SSM run of the recurrent grid with ``probe.transitions`` into results/recurrent/transitions.csv.
+"""Read every SSM run of the recurrent grid with ``probe.transitions`` into study/results/recurrent/transitions.csv.
 
-Usage: ``python scripts/recurrent_transitions.py RUNS [--out results/recurrent/transitions.csv] [--samples 32]``.
+Usage: ``python study/scripts/recurrent_transitions.py RUNS [--out study/results/recurrent/transitions.csv]
+[--samples 32]``.
 RUNS is the grid's ``--out`` directory (``VARIANT/seedS/final.pt``). One row per run, block and order o (2, 5, 10 for
 m = 10): how many channels count mod o beyond 4 x L_train, the longest drift horizon of a channel of that order,
 and whether the run's instrument check and controls passed. Runs already in the file are skipped, so the script can
@@ -26,7 +27,7 @@ COLUMNS = ["variant", "seed", "block", "order", "channels", "of", "best_horizon"
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", type=Path, help="the grid's --out directory")
-    parser.add_argument("--out", type=Path, default=Path("results/recurrent/transitions.csv"))
+    parser.add_argument("--out", type=Path, default=Path("study/results/recurrent/transitions.csv"))
     parser.add_argument("--samples", type=int, default=32, help="sequences of length L_train per run (default 32)")
     args = parser.parse_args(argv)
     if not args.runs.is_dir():

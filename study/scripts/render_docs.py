@@ -1,4 +1,5 @@
-"""Render every number that README.md and docs/*.md quote from results/ into their marked blocks, or check them."""
+"""Render every number that README.md, docs/ and study/docs/ quote from study/results/ into their marked blocks, or
+check them."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import doc_blocks  # noqa: E402  (the block renderers, beside this file)
 
@@ -19,7 +20,7 @@ BLOCK = re.compile(r"(<!-- render:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /ren
 
 
 def documents(root: Path) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    return [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted((root / "study" / "docs").glob("*.md"))]
 
 
 def render_text(text: str, blocks: dict[str, Callable[[Path], str]], root: Path, where: str) -> str:
@@ -36,7 +37,7 @@ def render_text(text: str, blocks: dict[str, Callable[[Path], str]], root: Path,
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--check", action="store_true",
-                   help="write nothing; exit 1 and show a diff if a committed block differs from results/")
+                   help="write nothing; exit 1 and show a diff if a committed block differs from study/results/")
     p.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
     args = p.parse_args(argv)
     stale = []
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             path.write_text(new)
     if args.check and stale:
-        print(f"{len(stale)} document(s) disagree with results/: run python scripts/render_docs.py", file=sys.stderr)
+        print(f"{len(stale)} document(s) disagree with study/results/: run python study/scripts/render_docs.py",
+              file=sys.stderr)
         return 1
     if not args.check:
         print(f"rendered {len(stale)} document(s)", file=sys.stderr)

@@ -1,12 +1,13 @@
-"""Ship the reproduction: checkpoints into ``checkpoints/``, the runs' evaluations into ``results/``.
+"""Ship the reproduction: checkpoints into ``checkpoints/``, the runs' evaluations into ``study/results/``.
 
-Usage: ``python scripts/ship.py [--runs runs/] [--joint-runs runs/precision/joint-fp32]`` after
-``python scripts/reproduce.py``. Writes ``checkpoints/<preset>.pt`` (weights only: seed 0, except ``hybrid-joint``,
-whose seed is the median of its runs' state accuracy at 3x L_train, from ``--joint-runs`` if given, so that the
-analyses see a typical joint run, not its luckiest), ``checkpoints/trajectories/<preset>/`` (hybrid presets, a
-subset of the snapshots; ``scripts/regenerate_trajectories.py`` remakes them from the shipped checkpoints), and the
-reproduction grid in compact form, ``results/reproduction/`` (every run's evaluation from the sweep, with wall time
-and steps: ``python scripts/collect_runs.py RUNS results/reproduction``), and prints its table.
+Usage: ``python study/scripts/ship.py [--runs runs/] [--joint-runs runs/precision/joint-fp32]`` after
+``python study/scripts/reproduce.py``, from the repository's root. Writes ``checkpoints/<preset>.pt`` (weights only:
+seed 0, except ``hybrid-joint``, whose seed is the median of its runs' state accuracy at 3x L_train, from
+``--joint-runs`` if given, so that the analyses see a typical joint run, not its luckiest),
+``checkpoints/trajectories/<preset>/`` (hybrid presets, a subset of the snapshots; ``python -m probe.retrain
+checkpoints/<preset>.pt --out DIR`` remakes them from the shipped checkpoints), and the reproduction grid in compact
+form, ``study/results/reproduction/`` (every run's evaluation from the sweep, with wall time and steps: ``python -m
+probe.results collect RUNS study/results/reproduction``), and prints its table.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def main() -> int:
                         help="a variant's folder of hybrid-joint runs (seed*/final.pt + eval.json) to ship the median "
                              "seed from (default: RUNS/hybrid-joint)")
     args = parser.parse_args()
-    ckpt_dir, results = Path("checkpoints"), Path("results")
+    ckpt_dir, results = Path("checkpoints"), Path("study") / "results"  # run from the repository root
     finals = sorted(args.runs.glob("*/seed*/final.pt"))
     if not finals:
         print(f"no finished runs under {args.runs}", file=sys.stderr)

@@ -1,11 +1,11 @@
 """When should attention come on? State and recall accuracy at 3x L_train against DAT's switch step.
 
-Usage: ``python scripts/switch_timing.py`` after ``python -m probe.sweep sweeps/switch.toml --out runs/switch`` and
-``python scripts/collect_runs.py runs/switch results/switch``. Switch 0 is the mechanism grid's `joint` variant and
-switch 2000 its `dat` variant (identical configs). For every DAT run with a switch, the step at which its LSTM-only
-phase's state accuracy at 3x first reached 95 % (the training log, every 250 steps, 128 sequences) is marked. Reads
-both grids through ``probe.results`` (run folders or the committed compact form). Writes
-``results/switch/switch_timing.png`` and ``results/switch/switch_timing.json`` and prints the table.
+Usage: ``python study/scripts/switch_timing.py`` after ``python -m probe.sweep study/sweeps/switch.toml --out
+runs/switch`` and ``python -m probe.results collect runs/switch study/results/switch``. Switch 0 is the mechanism grid's
+`joint` variant and switch 2000 its `dat` variant (identical configs). For every DAT run with a switch, the step at
+which its LSTM-only phase's state accuracy at 3x first reached 95 % (the training log, every 250 steps, 128 sequences)
+is marked. Reads both grids through ``probe.results`` (run folders or the committed compact form). Writes
+``study/results/switch/switch_timing.png`` and ``study/results/switch/switch_timing.json`` and prints the table.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pandas as pd
 
 from probe.results import load_grid
 
-ROOT = Path(__file__).resolve().parent.parent
+STUDY = Path(__file__).resolve().parent.parent
 SOURCES = {0: ("mechanism", "joint"), 2000: ("mechanism", "dat")}
 
 
@@ -31,7 +31,7 @@ def _lstm_phase_95(training: pd.DataFrame, variant: str, seed: int, until: int |
     return int(log.step.min()) if len(log) else None
 
 
-def runs(root: Path = ROOT / "results") -> pd.DataFrame:
+def runs(root: Path = STUDY / "results") -> pd.DataFrame:
     """One row per run: its switch step, state and recall accuracy at 3x, and when its LSTM phase reached 95 %."""
     mechanism, switch = load_grid(root / "mechanism"), load_grid(root / "switch")
     rows = []
@@ -76,7 +76,7 @@ def main() -> None:
     print(frame.to_string(index=False))
     print(frame.groupby("variant", sort=False)[["state_acc_3x", "recall_acc_3x"]].agg(["mean", "min", "count"])
           .round(3))
-    out = ROOT / "results" / "switch"
+    out = STUDY / "results" / "switch"
     out.mkdir(parents=True, exist_ok=True)
     records = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
                for r in frame.to_dict("records")]

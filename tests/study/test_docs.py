@@ -1,4 +1,5 @@
-"""README and docs quote results/ only through rendered blocks, and the check catches a number that drifted."""
+"""README and the docs quote study/results/ only through rendered blocks, the check catches a number that drifted, and
+every relative link of the documents resolves."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-RENDER = ROOT / "scripts" / "render_docs.py"
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "study" / "scripts"
+RENDER = SCRIPTS / "render_docs.py"
 
 
 def _check(root: Path) -> subprocess.CompletedProcess:
@@ -21,11 +23,12 @@ def _check(root: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def copy(tmp_path_factory) -> Path:
-    """README, docs and results/, in a scratch tree that a test may damage."""
+    """README, docs, the study's docs and results, in a scratch tree that a test may damage."""
     root = tmp_path_factory.mktemp("repo")
     shutil.copy(ROOT / "README.md", root)
     shutil.copytree(ROOT / "docs", root / "docs")
-    shutil.copytree(ROOT / "results", root / "results")
+    for part in ("docs", "results"):
+        shutil.copytree(ROOT / "study" / part, root / "study" / part)
     return root
 
 
@@ -36,10 +39,20 @@ def test_committed_text_matches_results():
 
 def test_readme_is_a_front_page():
     text = (ROOT / "README.md").read_text()
-    # a front page: the three studies' headline tables, the box and the links; details live in docs/
+    # a front page: the three studies' headline tables, the box and the links; details live in docs/ and study/docs/
     assert len(text.splitlines()) <= 180
-    for doc in re.findall(r"\]\((docs/[\w.-]+\.md)", text):
-        assert (ROOT / doc).is_file(), f"README links to a missing {doc}"
+
+
+DOCUMENTS = [ROOT / "README.md", ROOT / "figures" / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+             *sorted((ROOT / "study").rglob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_resolves(doc):
+    links = [m.group(1) for m in re.finditer(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", doc.read_text())
+             if not re.match(r"[a-z]+:", m.group(1))]
+    missing = [link for link in links if not (doc.parent / link).exists()]
+    assert not missing, f"{doc.relative_to(ROOT)} links to missing {missing}"
 
 
 def test_check_fails_when_a_rendered_number_is_edited_by_hand(copy):
@@ -64,7 +77,7 @@ def test_every_block_renders_from_the_copy(copy):
 
 
 def test_check_fails_when_results_change_under_the_text(copy):
-    runs = copy / "results" / "mechanism" / "runs.jsonl"
+    runs = copy / "study" / "results" / "mechanism" / "runs.jsonl"
     original = runs.read_text()
     first, rest = original.split("\n", 1)
     runs.write_text(re.sub(r'"state_acc_3x":[0-9.e-]+', '"state_acc_3x":0.5', first) + "\n" + rest)
@@ -77,7 +90,7 @@ def test_check_fails_when_results_change_under_the_text(copy):
 def test_a_pair_listed_as_the_same_cut_must_agree_seed_for_seed(copy):
     """`stopgrad-rnn1` and `rnn1-att1` are counted once because they compute the same gradient; the render refuses
     that when a shared seed's accuracy differs, as it would if the two cuts were not the same."""
-    curves = copy / "results" / "mechanism" / "curves.csv"
+    curves = copy / "study" / "results" / "mechanism" / "curves.csv"
     original = curves.read_text()
     lines = original.splitlines()
     header = lines[0].split(",")
@@ -100,12 +113,12 @@ def test_a_pair_listed_as_the_same_cut_must_agree_seed_for_seed(copy):
 
 @pytest.fixture(scope="module")
 def blocks():
-    sys.path.insert(0, str(ROOT / "scripts"))
+    sys.path.insert(0, str(SCRIPTS))
     try:
         import doc_blocks_deep
         import doc_blocks_long
     finally:
-        sys.path.remove(str(ROOT / "scripts"))
+        sys.path.remove(str(SCRIPTS))
     return doc_blocks_deep, doc_blocks_long
 
 

@@ -1,0 +1,64 @@
+"""study/scripts/dense_lookahead.py: every snapshot measured once, cached, and a missing snapshot refused."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from probe.gradients import lookahead as LA
+from probe.train import ScheduleConfig, TrainConfig, train
+
+SCRIPTS = Path(__file__).resolve().parents[2] / "study" / "scripts"
+SMALL = LA.LookaheadConfig(n_batches=6, batch_size=16, eval_batches=2, train_eval_batches=2)
+
+
+@pytest.fixture(scope="module")
+def trajectory(tmp_path_factory) -> Path:
+    """The snapshots (steps 0, 20, 40) of a tiny joint hybrid."""
+    from probe.models import ModelConfig
+    from probe.tasks import make_task
+
+    run = tmp_path_factory.mktemp("runs") / "joint"
+    task = make_task("interleaved", train_length=8)
+    model_cfg = ModelConfig(family="hybrid", vocab_size=task.vocab_size, d_model=16, n_layers=2, n_heads=2)
+    cfg = TrainConfig(steps=40, batch_size=16, eval_every=40, eval_samples=8, ckpt_every=40, traj_every=20, lr=3e-3,
+                      warmup=5, schedule=ScheduleConfig(kind="joint"))
+    train(model_cfg, task, cfg, run, progress=False)
+    return run / "trajectory"
+
+
+@pytest.fixture(scope="module")
+def D():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import dense_lookahead
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return dense_lookahead
+
+
+@pytest.mark.slow  # trains a 40-step run (module fixture)
+def test_dense_lookahead_script_writes_every_snapshot_once_and_refuses_a_missing_one(trajectory, D, tmp_path,
+                                                                                     monkeypatch):
+    folder, work, out = trajectory, tmp_path / "work", tmp_path / "out"
+    objs = [D.measure(folder / f"step_{s:06d}.pt", work / f"{s}.json", lengths=[8], batch_size=16,
+                      lookahead_cfg=SMALL) for s in (0, 20)]
+    D.collect(objs, out)
+    la, verdicts = pd.read_csv(out / "lookahead.csv"), pd.read_csv(out / "verdicts.csv")
+    checks = pd.read_csv(out / "checks.csv")
+    assert list(la.columns) == D.LOOKAHEAD_COLUMNS and sorted(verdicts.step) == [0, 20]
+    assert set(la[la.loss == "state"].positions) == {">L", ">2L"}  # beyond-range targets only
+    assert {"lookahead_first_order", "lookahead_positions", "lookahead_vs_random"} <= set(checks.control)
+    assert set(checks.dropna(subset=["step"]).step) == {0, 20}
+
+    def fail(*a, **k):
+        raise AssertionError("a cached snapshot was measured again")
+
+    monkeypatch.setattr(D, "analyze_checkpoint", fail)
+    again = D.measure(folder / "step_000020.pt", work / "20.json")
+    assert json.dumps(again, sort_keys=True) == json.dumps(objs[1], sort_keys=True)
+    assert D.main([str(folder), "--steps", "0", "25", "--work", str(work), "--out", str(out)]) == 2
