@@ -152,27 +152,27 @@ def _umask() -> int:
     mask = os.umask(0o022)  # the only portable way to read the umask is to set it; put it straight back
     os.umask(mask)
     return mask
-    A path that does not exist but reads ``package.module:factory`` is a factory (``probe.factory``): the
-    model it returns, with its task, stands in for a checkpoint in every analysis.
-
 
 
 def load_checkpoint(source: str | os.PathLike | BinaryIO, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Read and validate a checkpoint from a path or a binary file object (``io.BytesIO(data)`` works).
 
+    A path that does not exist but reads ``package.module:factory`` is a factory (``probe.factory``): the
+    model it returns, with its task, stands in for a checkpoint in every analysis.
+
     Every failure is a ``CheckpointError`` whose one-line message names the file, what is wrong with it and the
     fix: missing, empty, not a torch file (text, JSON, random bytes), truncated, a zip without torch's members, a
+    pickle that holds Python objects or code, a torch file that is not a probe checkpoint, a newer format.
+    """
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if not path.exists():
             from probe.core.specs import is_factory_spec
 
             if is_factory_spec(str(source)):  # package.module:factory, a live model in place of a file
                 from probe.factory import load_factory
 
                 return load_factory(str(source))
-    pickle that holds Python objects or code, a torch file that is not a probe checkpoint, a newer format.
-    """
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if not path.exists():
             raise CheckpointError(f"{path}: no such file")
         if path.is_dir():
             raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
