@@ -1,6 +1,10 @@
 """Every figure of the reproduction from the shipped checkpoints, with a captioned index (``figures/README.md``).
 
-Usage: ``python -m probe.figures [--out figures/] [--format png,pdf] [--only NAME ...] [--retrain]``.
+Usage: ``python -m probe.figures [--results DIR] [--out figures/] [--format png,pdf] [--only NAME ...]``.
+
+``--results`` names a folder of committed results: the reproduction grid (``reproduction/``), the analyses' JSON
+(``gradients/trajectories_shipped.json``) and the grids some figures are drawn from (``recurrent/``). Without it every
+figure that can be is computed from the checkpoints, and a figure drawn from a grid is skipped.
 """
 
 from __future__ import annotations
@@ -9,7 +13,6 @@ import argparse
 import json
 import os
 import re
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -41,15 +44,16 @@ REPO = Path(__file__).resolve().parents[1]
 class Inputs:
     """The analyses behind the figures, each computed once on first use and shared by every figure that needs it."""
 
-    def __init__(self, checkpoints: Path, results: Path, seed: int = 0, device: str = "cpu",
+    def __init__(self, checkpoints: Path, results: Path | None = None, seed: int = 0, device: str = "cpu",
                  quick: bool = False) -> None:
         self.checkpoints, self.results, self.seed, self.device = checkpoints, results, seed, device
         self.quick = quick  # small samples everywhere: a smoke run of the pipeline, not numbers to report
         missing = [p for p in self.finals + self.trajectories if not p.exists()]
         if missing:
-            raise ProbeError(f"missing shipped checkpoint(s): {', '.join(map(str, missing))} "
-                             "(run python scripts/reproduce.py && python scripts/ship.py, or pass --retrain)")
-        if not results.is_dir():
+            wanted = ", ".join(p + ".pt" for p in PRESETS)
+            raise ProbeError(f"missing shipped checkpoint(s): {', '.join(map(str, missing))} (--checkpoints names a "
+                             f"folder with {wanted} and trajectories/hybrid-{{joint,dat}}/)")
+        if results is not None and not results.is_dir():
             raise ProbeError(f"--results {results}: no such directory (it holds the reproduction grid, "
                              "reproduction/, and the analyses' JSON; pass an empty directory to recompute everything)")
 
@@ -74,16 +78,16 @@ class Inputs:
 
     @cached_property
     def curves(self) -> pd.DataFrame:
-        """All seeds of the reproduction grid (``results/reproduction/``, written by scripts/ship.py; an older
-        ``evaluate.json`` envelope is read too); else the shipped seed-0 checkpoints, evaluated here."""
-        grid = self.results / "reproduction"
-        if (grid / "runs.jsonl").is_file():
+        """All seeds of the reproduction grid (``RESULTS/reproduction/``, a grid in compact form; an older
+        ``evaluate.json`` envelope is read too); else the seed-0 checkpoints, evaluated here."""
+        if self.results is not None and (self.results / "reproduction" / "runs.jsonl").is_file():
             from probe.results import load_curves
 
-            return load_curves(grid)
+            return load_curves(self.results / "reproduction")
         # an envelope of ``python -m probe.evaluate --json``, as shipped before the compact grid
-        path = next((p for p in (self.results / "evaluate.json", self.results / "evaluate" / "results.json")
-                     if p.exists()), None)
+        candidates = () if self.results is None else (self.results / "evaluate.json",
+                                                      self.results / "evaluate" / "results.json")
+        path = next((p for p in candidates if p.exists()), None)
         if path is not None:
             df = pd.DataFrame(json.loads(path.read_text())["results"])
             return df[df.length.notna()].astype({"length": int}).assign(train_length=25)
@@ -94,12 +98,12 @@ class Inputs:
 
     @cached_property
     def gradients_over_training(self) -> Any:
-        """``results/gradients/trajectories_shipped.json`` (the CLI's output over the shipped trajectories; the
-        lookahead takes about 20 s a checkpoint); else computed, small when quick."""
+        """``RESULTS/gradients/trajectories_shipped.json`` (the CLI's output over the trajectories; the lookahead
+        takes about 20 s a checkpoint); else computed, small when quick."""
         from probe import gradients
 
-        path = self.results / "gradients" / "trajectories_shipped.json"
-        if path.exists() and not self.quick:
+        path = None if self.results is None else self.results / "gradients" / "trajectories_shipped.json"
+        if path is not None and path.exists() and not self.quick:
             return gradients.GradientReport.from_json(json.loads(path.read_text()))
         cfg = gradients.LookaheadConfig(n_batches=2, batch_size=8, eval_batches=1, train_eval_batches=1) \
             if self.quick else gradients.LookaheadConfig()
@@ -152,6 +156,19 @@ class FigureSpec:
     needs: str | None = None
     """A grid under ``--results`` the figure is drawn from and that cannot be recomputed here (a sweep of many
     training runs): without it the figure is skipped, with a line saying so, unless ``--only`` asks for it."""
+    computed_from: str | None = None
+    """What the figure is computed from when ``--results`` does not hold its ``inputs``."""
+
+    def shown(self, results: str | None) -> tuple[str, str]:
+        """``command`` and ``inputs`` with ``{results}`` as the folder given; without one, the inputs are what the
+        figure is computed from."""
+        command = self.command.replace(RESULTS_MARK, results or "RESULTS")
+        if RESULTS_MARK not in self.inputs:
+            return command, self.inputs
+        return command, self.inputs.replace(RESULTS_MARK, results) if results else (self.computed_from or "—")
+
+
+RESULTS_MARK = "{results}"
 
 
 def _accuracy(i: Inputs) -> Figure:
@@ -237,26 +254,27 @@ def _probe_compare(i: Inputs) -> Figure:
 
 
 _ALL = "checkpoints/{lstm,transformer,hybrid-joint,hybrid-dat}.pt"
+_TRAJECTORIES = "checkpoints/trajectories/hybrid-{joint,dat}"
 FIGURES: list[FigureSpec] = [
     FigureSpec("accuracy_vs_length",
                "Token accuracy vs stream length for the four presets on the interleaved task, per subtask (state "
                "tracking, recall). Line: mean over seeds; band: min-max over seeds; shaded: training lengths 1-25.",
-               "python scripts/ship.py (python -m probe.evaluate runs/*/seed*/final.pt --lengths 1:100)",
-               "results/reproduction/ (all seeds)", _accuracy),
+               "python -m probe.evaluate runs/*/seed*/final.pt --lengths 1:100",
+               "{results}/reproduction/ (all seeds)", _accuracy, computed_from=_ALL + " (seed 0)"),
     FigureSpec("which_recurrence",
                "State accuracy vs stream length (log axis, to 16x L_train) for each recurrent cell, alone and in the "
                "2-block hybrid trained jointly or with DAT (and with stopgrad-rnn where joint falls off): mean over "
                "seeds (thick), 95% t-interval (band), each seed (thin); top row the state mod 10, bottom row its "
                "parity (mod 2); dotted: chance; shaded: training lengths 1-25. The LSTM column is the reproduction's "
                "LSTM and the mechanism grid's joint and DAT hybrids, evaluated to 4x only.",
-               "python -m probe.sweep results/recurrent --report",
-               "results/{recurrent,reproduction,mechanism}/", _recurrence, needs="recurrent"),
+               "python -m probe.sweep {results}/recurrent --report",
+               "{results}/{recurrent,reproduction,mechanism}/", _recurrence, needs="recurrent"),
     FigureSpec("gradient_interference",
                "Gradient interference over training, joint vs DAT (the shipped trajectories): |g_att|/|g| and "
                "the cosines of the attention-path gradient on the LSTM weights with the recurrent-path gradient of "
                "the state loss, at L_train and 3 L_train, on one batch each. Dashed: DAT switches attention on.",
                "python -m probe.gradients checkpoints/trajectories/hybrid-joint checkpoints/trajectories/hybrid-dat",
-               "results/gradients/trajectories_shipped.json", _grad_training),
+               "{results}/gradients/trajectories_shipped.json", _grad_training, computed_from=_TRAJECTORIES),
     FigureSpec("gradient_lookahead",
                "Lookahead over training, joint vs DAT (the shipped trajectories): z = first-order change / "
                "standard error of the training loss and of the state loss at L_train and 3 L_train after a small "
@@ -265,7 +283,7 @@ FIGURES: list[FigureSpec] = [
                "snapshots hold, DAT: raw gradients (its snapshots hold none). z > 2 in the 3x column with z < -2 "
                "for the training loss is what the interference hypothesis predicts for g_att.",
                "python -m probe.gradients checkpoints/trajectories/hybrid-joint checkpoints/trajectories/hybrid-dat",
-               "results/gradients/trajectories_shipped.json", _grad_lookahead),
+               "{results}/gradients/trajectories_shipped.json", _grad_lookahead, computed_from=_TRAJECTORIES),
     FigureSpec("gradient_blocks",
                "Per-block interference of the final joint hybrid: |g_att|/|g| and cosines per LSTM block and length.",
                "python -m probe.gradients checkpoints/hybrid-joint.pt", "checkpoints/hybrid-joint.pt", _grad_blocks),
@@ -340,19 +358,27 @@ def _recorded_seconds(index: Path) -> dict[str, float]:
     return {Path(m["file"]).stem: float(m["secs"]) for m in found if m and m["secs"] != "—"}
 
 
-def _row(out: Path, spec: FigureSpec, secs: float | None) -> str | None:
+def _row(out: Path, spec: FigureSpec, secs: float | None, results: str | None = None) -> str | None:
     files = [f"{spec.name}.{fmt}" for fmt in _FORMATS if (out / f"{spec.name}.{fmt}").exists()]
     if not files:
         return None
     links = ", ".join(f"[{f}]({f})" for f in files)
     caption = spec.caption.replace("|", "\\|")  # |g_att| would split the table cell
     shown = "—" if secs is None else f"{secs:.0f}"
-    return f"| {links} | {caption} | `{spec.command}` | `{spec.inputs}` | {shown} |"
+    command, inputs = spec.shown(results)
+    return f"| {links} | {caption} | `{command}` | `{inputs}` | {shown} |"
 
 
-def write_index(out: Path, made: dict[str, float], seed: int, only: bool = False) -> bool:
+def _shown_path(path: Path) -> str:
+    """A path as the index names it: relative to the working directory where it lies below it."""
+    rel = os.path.relpath(path)
+    return path.name if rel.startswith("..") else rel
+
+
+def write_index(out: Path, made: dict[str, float], seed: int, only: bool = False, results: Path | None = None) -> bool:
     """``out/README.md``: one captioned row for every figure present in ``out``, in the order of ``FIGURES``, with
-    the seconds it took (this run's for those in ``made``, the earlier index's for the others).
+    the seconds it took (this run's for those in ``made``, the earlier index's for the others) and the ``--results``
+    folder they were drawn from (None: computed from the checkpoints).
 
     With ``only`` (``--only NAME``) an existing index keeps every line it has, so that remaking a figure does not
     change a committed file: only a figure it does not list yet gets a row. Returns whether the file changed."""
@@ -363,7 +389,8 @@ def write_index(out: Path, made: dict[str, float], seed: int, only: bool = False
         missing = [s for s in FIGURES if s.name in made and s.name not in found]
         if not missing:
             return False
-        block = [lines[found[s.name]] if s.name in found else _row(out, s, made.get(s.name)) for s in FIGURES
+        shown = None if results is None else _shown_path(results)
+        block = [lines[found[s.name]] if s.name in found else _row(out, s, made.get(s.name), shown) for s in FIGURES
                  if s.name in found or s in missing]
         rows_at = sorted(found.values())
         start, stop = (rows_at[0], rows_at[-1] + 1) if rows_at else (len(lines), len(lines))
@@ -371,22 +398,23 @@ def write_index(out: Path, made: dict[str, float], seed: int, only: bool = False
         index.write_text("\n".join(lines) + "\n")
         return True
     before = _recorded_seconds(index)
+    shown_results = None if results is None else _shown_path(results)
     rows, total = [], 0.0
     for spec in FIGURES:
         secs = made.get(spec.name, before.get(spec.name))
-        row = _row(out, spec, secs)
+        row = _row(out, spec, secs, shown_results)
         if row is None:
             continue
         total += secs or 0.0
         rows.append(row)
-    shown_out = os.path.relpath(out) if not os.path.relpath(out).startswith("..") else out.name
+    flag, drawn = ("", "") if shown_results is None else (
+        f" --results {shown_results}", f" and `{shown_results}/reproduction/` (all trained seeds)")
     lines = ["# Figures", "",
-             f"Made by `python -m probe.figures --out {shown_out}` (analysis seed {seed}) from the shipped checkpoints "
-             f"in `checkpoints/` (the joint hybrid: the median of five seeds; the others: seed 0) and "
-             f"`results/reproduction/` (all trained seeds); the figures "
-             f"below took {total:.0f} s on one CPU core (`--only NAME` remakes one and leaves this index as it is, "
-             "adding a row only for a figure it does not list). Each row says which command computes the same "
-             "numbers.", "",
+             f"Made by `python -m probe.figures{flag} --out {_shown_path(out)}` (analysis seed {seed}) from the "
+             f"shipped checkpoints in `checkpoints/` (the joint hybrid: the median of five seeds; the others: seed 0)"
+             f"{drawn}; the figures below took {total:.0f} s on one CPU core (`--only NAME` remakes one and leaves "
+             "this index as it is, adding a row only for a figure it does not list). Each row says which command "
+             "computes the same numbers.", "",
              "| file | caption | same numbers from | inputs | seconds |", "|---|---|---|---|---|", *rows]
     index.write_text("\n".join(lines) + "\n")
     return True
@@ -414,11 +442,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--only", nargs="+", metavar="NAME",
                         help="make only these figures (an existing index is left as it is)")
     parser.add_argument("--checkpoints", default=str(REPO / "checkpoints"), help="shipped checkpoints directory")
-    parser.add_argument("--results", default=str(REPO / "results"),
-                        help="directory of the reproduction grid (reproduction/) and the analyses' shipped JSON (an "
-                             "empty directory: recompute everything)")
-    parser.add_argument("--retrain", action="store_true",
-                        help="rerun the whole reproduction first (scripts/reproduce.py then scripts/ship.py)")
+    parser.add_argument("--results", default=None, metavar="DIR",
+                        help="a folder of results: the reproduction grid (reproduction/), the analyses' JSON and the "
+                             "grids some figures are drawn from (default: none; every figure that can be is computed "
+                             "from the checkpoints)")
+    parser.add_argument("--retrain", action="store_true", help=argparse.SUPPRESS)  # removed: says so in one line
     parser.add_argument("--quiet", action="store_true", help="no progress bar or per-figure lines on stderr")
     parser.add_argument("--quick", action="store_true",
                         help="tiny samples everywhere: checks the pipeline in seconds, numbers not for reporting")
@@ -443,21 +471,23 @@ def main(argv: list[str] | None = None) -> int:
         seed_and_threads(args)
         quiet = args.quiet or args.json
         if args.retrain:
-            for script in ("reproduce.py", "ship.py"):
-                if not (REPO / "scripts" / script).exists():
-                    raise ProbeError("--retrain needs the repository's scripts/ (a source checkout)")
-                subprocess.run([sys.executable, str(REPO / "scripts" / script)], cwd=REPO, check=True)
-        inputs = Inputs(Path(args.checkpoints), Path(args.results), args.seed, str(resolve_device(args.device)),
-                        args.quick)
+            raise ProbeError("--retrain is gone: train the runs first (python -m probe.sweep ... --out RUNS), then "
+                             "draw the figures from their checkpoints (--checkpoints) and results (--results)")
+        results = None if args.results is None else Path(args.results)
+        inputs = Inputs(Path(args.checkpoints), results, args.seed, str(resolve_device(args.device)), args.quick)
         inputs.validate()
-        absent = [s for s in specs if s.needs and not (inputs.results / s.needs / "runs.jsonl").is_file()]
+
+        def grid(s: FigureSpec) -> str:
+            return f"--results {s.needs}/" if results is None else f"{results / s.needs}/"
+
+        absent = [s for s in specs if s.needs and (results is None or not (results / s.needs / "runs.jsonl").is_file())]
         if absent and args.only:
             s = absent[0]
-            raise ProbeError(f"{s.name} is drawn from the grid {inputs.results / s.needs}/, which is not there "
-                             f"(python scripts/collect_runs.py RUNS {inputs.results / s.needs} makes it)")
+            raise ProbeError(f"{s.name} is drawn from the grid {grid(s)}, which is not there (python -m probe.results "
+                             f"collect RUNS {'DIR' if results is None else results}/{s.needs} makes it)")
         for s in absent:
             if not quiet:
-                print(f"{s.name}: skipped, no grid {inputs.results / s.needs}/ to draw it from", file=sys.stderr)
+                print(f"{s.name}: skipped, no grid {grid(s)} to draw it from", file=sys.stderr)
         specs = [s for s in specs if s not in absent]
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -471,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
             bar.set_description(spec.name)
             t0 = time.perf_counter()
             fig = spec.make(inputs)
-            _without_local_paths(fig, [inputs.checkpoints, inputs.results, REPO])
+            _without_local_paths(fig, [p for p in (inputs.checkpoints, results, REPO) if p is not None])
             files = []
             for fmt in formats:
                 fig.savefig(out / f"{spec.name}.{fmt}", dpi=150 if fmt == "png" else None, bbox_inches="tight")
@@ -481,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"figure": spec.name, "files": ",".join(files), "seconds": made[spec.name]})
             if not quiet:
                 bar.write(f"{spec.name:24s} {made[spec.name]:6.1f} s  -> {', '.join(files)}", file=sys.stderr)
-        changed = write_index(out, made, args.seed, only=bool(args.only))
+        changed = write_index(out, made, args.seed, only=bool(args.only), results=results)
         if not quiet:
             n_files = sum(len(r["files"].split(",")) for r in rows)
             print(f"wrote {n_files} files{' and README.md' if changed else ''} to {out} in "

@@ -90,7 +90,8 @@ def test_only_leaves_an_existing_index_as_it_is(shipped, tmp_path, capsys):
     assert (out / "README.md").read_text() == index
 
 
-@pytest.mark.parametrize("case", ["unknown", "format", "no_checkpoints", "no_results", "out_is_a_file", "truncated"])
+@pytest.mark.parametrize("case", ["unknown", "format", "no_checkpoints", "no_results", "out_is_a_file", "truncated",
+                                  "retrain"])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(shipped, tmp_path, capsys, case):
     out = tmp_path / "out"
     args = ["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out), "--quick"]
@@ -106,6 +107,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(shipped, tmp_path, cap
         args[3] = str(tmp_path / "nonexistent")
     elif case == "out_is_a_file":
         out.write_text("a file")
+    elif case == "retrain":  # removed: the figures never train; they say how to get the runs instead
+        args += ["--retrain"]
     else:  # a damaged checkpoint fails before any figure is drawn, not after minutes of analyses
         damaged = tmp_path / "damaged"
         shutil.copytree(shipped, damaged)
@@ -116,7 +119,8 @@ def test_bad_input_is_one_line_exit_2_and_nothing_written(shipped, tmp_path, cap
     err = capsys.readouterr().err
     assert err.startswith("error:") and err.count("\n") == 1, err
     words = {"unknown": "unknown figure", "format": "bad --format", "no_checkpoints": "missing shipped checkpoint",
-             "no_results": "--results", "out_is_a_file": "--out", "truncated": "hybrid-dat.pt"}[case]
+             "no_results": "--results", "out_is_a_file": "--out", "truncated": "hybrid-dat.pt",
+             "retrain": "--retrain is gone"}[case]
     assert words in err
     if case == "out_is_a_file":
         assert out.read_text() == "a file"
@@ -171,6 +175,10 @@ def test_recurrence_figure_is_drawn_from_its_grid_and_refused_without_it(shipped
                  "--only", "which_recurrence", "--quick"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "recurrent" in err and not out.exists()
+    # without --results (the default) nothing is read from a results folder: the grid figure says what it needs
+    assert main(["--checkpoints", str(shipped), "--out", str(out), "--only", "which_recurrence", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--results recurrent/" in err and not out.exists()
     results = _tiny_recurrent_grid(tmp_path / "results")
     assert main(["--checkpoints", str(shipped), "--results", str(results), "--out", str(out),
                  "--only", "which_recurrence", "--quick", "--quiet"]) == 0
