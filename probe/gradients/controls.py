@@ -78,17 +78,20 @@ def path_sum_residual(model: HookedSequenceModel | WrappedModel, batch: Batch,
             leaves[hook.name] = x.detach().requires_grad_(True)
             return leaves[hook.name]
 
-        with model.hooks(fwd_hooks=[(n, as_leaf) for n in names]):
-            loss = model(batch.tokens, labels=batch.labels)
-        u = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
+        u: tuple[Tensor | None, ...] = ()
+        if names:  # an lstm model has no attention: g_att is 0 and g_rec must be g
+            with model.hooks(fwd_hooks=[(n, as_leaf) for n in names]):
+                loss = model(batch.tokens, labels=batch.labels)
+            u = torch.autograd.grad(loss, [leaves[n] for n in names], allow_unused=True)
         outs: dict[str, Tensor] = {}
 
         def keep(x: Tensor, hook: Any) -> Tensor:
             outs[hook.name] = x
             return x
 
-        with model.hooks(fwd_hooks=[(n, keep) for n in names]):
-            model(batch.tokens)
+        if names:
+            with model.hooks(fwd_hooks=[(n, keep) for n in names]):
+                model(batch.tokens)
         pairs = [(outs[n], v) for n, v in zip(names, u, strict=True) if v is not None and outs[n].requires_grad]
         if pairs:
             gs = torch.autograd.grad([o for o, _ in pairs], theta, grad_outputs=[v for _, v in pairs],
