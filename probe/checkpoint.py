@@ -25,8 +25,10 @@ import torch
 from probe import __version__
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel, ModelConfig
-from probe.schedules import ScheduleConfig, old_kind, variant_name
 from probe.tasks import TaskConfig, task_from_dict
+from probe.training import legacy
+from probe.training.config import TrainConfig
+from probe.training.settings import ScheduleConfig, variant_name
 
 FORMAT = "probe-checkpoint"
 FORMAT_VERSION = 1
@@ -57,32 +59,33 @@ class Checkpoint:
 
     @property
     def schedule_config(self) -> ScheduleConfig | None:
-        """The run's schedule (old checkpoints' ``kind``/``switch``/``stopgrad_scope`` read as they were meant);
-        None when none is recorded or it cannot be read."""
-        sched = self.train_config.get("schedule")
-        if not isinstance(sched, dict):
+        """The run's schedule (an old checkpoint's read as it was meant: ``training.legacy``); None when none is
+        recorded or it cannot be read."""
+        if not isinstance(self.train_config.get("schedule"), dict):
             return None
         try:
-            return ScheduleConfig.from_dict(sched)
+            return TrainConfig.from_dict(self.train_config).schedule
         except (ProbeError, TypeError):
             return None
 
     @property
     def variant(self) -> str | None:
-        """The schedule variant's one name (``joint``, ``dat``, ``stopgrad-rnn0``, ``dat+frozen-rnn``, ...)."""
-        sched = self.train_config.get("schedule")
-        try:
-            return variant_name(sched) if isinstance(sched, dict) else None
-        except ProbeError:
-            return None
+        """The schedule variant's one name (``joint``, ``dat``, ``stopgrad-rnn0``, ``dat+frozen-rnn``, ...), read
+        from the settings that make a variant, so that a record whose timings are incomplete is still named."""
+        settings = self._schedule_settings()
+        return None if settings is None else variant_name(settings)
 
     @property
     def schedule(self) -> str | None:
         """The schedule in the old vocabulary of kinds (``joint``, ``delayed``, ``stopgrad``, ...) that the
         ``schedule`` column of results has always used; ``variant`` and ``label`` tell variants apart."""
+        settings = self._schedule_settings()
+        return None if settings is None else legacy.old_kind(settings)
+
+    def _schedule_settings(self) -> dict[str, Any] | None:
         sched = self.train_config.get("schedule")
         try:
-            return old_kind(sched) if isinstance(sched, dict) else None
+            return legacy.schedule_settings(sched) if isinstance(sched, dict) else None
         except ProbeError:
             return None
 

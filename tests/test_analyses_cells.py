@@ -12,15 +12,19 @@ import torch
 
 from probe import attributions, gradients, probes, shortcuts
 from probe.checkpoint import checkpoint_from_model, load_checkpoint, save_checkpoint
-from probe.config import CELL_MODELS, PRESETS, build_configs
 from probe.evaluate import accuracy_at_length
 from probe.evaluate import main as evaluate_main
 from probe.gradients.controls import ROUTE_TOL, SPLIT_TOL
 from probe.models import ModelConfig
-from probe.schedules import VARIANTS, At, ScheduleConfig
 from probe.tasks import make_task
-from probe.train import TrainConfig, Trainer, train_batch_seed
-from probe.train import main as train_main
+from probe.training.batches import train_batch_seed
+from probe.training.cli import main as train_main
+from probe.training.config import TrainConfig
+from probe.training.overrides import build_configs
+from probe.training.points import At
+from probe.training.presets import CELL_MODELS, PRESETS
+from probe.training.settings import VARIANTS, ScheduleConfig
+from probe.training.trainer import Trainer
 
 from conftest import tiny_model
 

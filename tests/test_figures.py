@@ -8,9 +8,11 @@ import pytest
 
 from probe.figures import FIGURES, main
 from probe.models import ModelConfig
-from probe.schedules import ScheduleConfig
 from probe.tasks import make_task
-from probe.train import TrainConfig, train
+from probe.training.config import TrainConfig
+from probe.training.points import At
+from probe.training.settings import ScheduleConfig
+from probe.training.trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +25,7 @@ def shipped(tmp_path_factory):
     for preset, (family, kind) in runs.items():
         cfg = ModelConfig(family=family, vocab_size=task.vocab_size, d_model=16, n_layers=2, n_heads=2,
                           pos_encoding="sinusoidal" if family == "transformer" else "none")
-        sched = ScheduleConfig(kind=kind, switch=10 if kind == "delayed" else 0)
+        sched = ScheduleConfig(variant="dat", switch=At(step=10)) if kind == "delayed" else ScheduleConfig()
         tcfg = TrainConfig(steps=20, batch_size=8, eval_every=20, eval_samples=8, ckpt_every=20, traj_every=10,
                            schedule=sched)
         train(cfg, task, tcfg, root / "runs" / preset, progress=False)

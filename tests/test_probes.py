@@ -31,9 +31,10 @@ from probe.probes import (
     verdict_rows,
 )
 from probe.probes.targets import is_affine, resolve_windows, windowed_sum
-from probe.schedules import ScheduleConfig
 from probe.tasks import make_task
-from probe.train import TrainConfig, Trainer
+from probe.training.config import TrainConfig
+from probe.training.settings import ScheduleConfig
+from probe.training.trainer import Trainer
 
 from conftest import tiny_model
 
@@ -146,7 +147,7 @@ def test_a_trained_lstm_tracks_the_sum_and_the_probe_finds_it(tmp_path):
     task = make_task("modsum", m=3, n_keys=1, n_values=1, train_length=8)
     cfg = ModelConfig(family="lstm", vocab_size=task.vocab_size, d_model=32, n_layers=1, n_heads=1)
     train_cfg = TrainConfig(steps=400, batch_size=32, lr=1e-2, warmup=20, eval_every=400, ckpt_every=400,
-                            traj_every=400, schedule=ScheduleConfig(kind="joint"))
+                            traj_every=400, schedule=ScheduleConfig())
     trainer = Trainer(cfg, task, train_cfg, tmp_path, progress=False)
     trainer.run()
     model = trainer.model.eval()

@@ -136,7 +136,7 @@ def test_ssmax_starts_as_none_at_the_training_length_and_its_s_learns():
 
 
 def test_train_set_picks_up_the_field_and_a_bad_scale_is_one_line():
-    from probe.config import build_configs
+    from probe.training.overrides import build_configs
 
     model_cfg = build_configs("hybrid-dat", "interleaved", ["model.attn_scale=ssmax"])[0]
     assert model_cfg.attn_scale == "ssmax"

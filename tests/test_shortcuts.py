@@ -20,7 +20,6 @@ from probe.core.gates import attention_gates
 from probe.core.stats import bootstrap_ci, wilson
 from probe.errors import ProbeError
 from probe.models import ModelConfig
-from probe.schedules import ScheduleConfig
 from probe.shortcuts import (
     Perturbation,
     analyze,
@@ -52,7 +51,9 @@ from probe.shortcuts.sampling import Sampled, baselines, sample
 from probe.shortcuts.sums import Perturbed
 from probe.shortcuts.window import resample_before, window_controls
 from probe.tasks import make_task
-from probe.train import TrainConfig, train
+from probe.training.config import TrainConfig
+from probe.training.settings import ScheduleConfig
+from probe.training.trainer import train
 
 from conftest import tiny_model
 
@@ -64,7 +65,7 @@ SMALL = dict(n_sequences=48, lengths=[8, 16], runs=[8, 16], window_samples=64, e
 def _train(tmp_path_factory, name: str, model_cfg: ModelConfig, steps: int, lr: float):
     task = make_task("modsum", **MODSUM3)
     cfg = TrainConfig(steps=steps, batch_size=32, lr=lr, warmup=20, eval_every=steps, eval_samples=32,
-                      ckpt_every=steps, traj_every=steps, schedule=ScheduleConfig(kind="joint"))
+                      ckpt_every=steps, traj_every=steps, schedule=ScheduleConfig())
     out = tmp_path_factory.mktemp(name)
     train(model_cfg, task, cfg, out, progress=False)
     return out / "final.pt"

@@ -18,12 +18,19 @@ import torch
 
 from probe import hardware
 from probe.checkpoint import load_checkpoint, save_checkpoint
-from probe.config import DAT_SWITCH
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel, ModelConfig
-from probe.schedules import PLAIN, VARIANTS, At, DetachAttention, Schedule, ScheduleConfig, SplitCut, variant_name
 from probe.tasks import make_task
-from probe.train import TrainConfig, Trainer, build_configs, config_diff, lr_at, main, train, train_batch_seed
+from probe.training.batches import train_batch_seed, training_batch
+from probe.training.cli import main
+from probe.training.config import TrainConfig, lr_at
+from probe.training.overrides import build_configs
+from probe.training.points import At
+from probe.training.policies import PLAIN, DetachAttention, SplitCut
+from probe.training.presets import DAT_SWITCH
+from probe.training.schedule import Schedule
+from probe.training.settings import VARIANTS, ScheduleConfig, variant_name
+from probe.training.trainer import Trainer, config_diff, train
 
 ROOT = Path(__file__).parent.parent
 TASK = make_task("interleaved", train_length=6)
@@ -50,7 +57,8 @@ def variant(name: str, **timing) -> ScheduleConfig:
     ("ramp", [0, 0, 0, 0.5, 1, 1]),
 ])
 def test_schedule_gates(name, expected):
-    timing = {} if name == "joint" else {"switch": At(fraction=0.5), "ramp_window": At(step=2)}
+    timing = {} if name == "joint" else {"switch": At(fraction=0.5)} | (
+        {"ramp_window": At(step=2)} if name == "ramp" else {})
     s = Schedule(variant(name, **timing), total_steps=6)
     assert [s.gate(t) for t in range(6)] == expected
     trains = [s.attention_trains(t) for t in range(6)]
@@ -65,13 +73,31 @@ def test_a_point_is_a_step_or_a_fraction_never_guessed():
     for bad in (dict(), dict(step=1, fraction=0.5), dict(step=-1), dict(fraction=1.5), dict(step=2.5)):
         with pytest.raises(ProbeError):
             At(**bad)
-    with pytest.raises(ProbeError, match="switch_step=N or schedule.switch_fraction"):
-        ScheduleConfig(gate="off-until-switch", switch=250)  # a bare number is read only as an old config
-    # the old spelling still means what it meant: >= 1 a step, below 1 a fraction
-    assert build_configs("hybrid-dat", overrides=["schedule.switch=250"])[2].schedule.switch == At(step=250)
-    assert build_configs("hybrid-dat", overrides=["schedule.switch=0.8"])[2].schedule.switch == At(fraction=0.8)
+    with pytest.raises(ProbeError, match="must be a step or a fraction of the run"):
+        ScheduleConfig(gate="off-until-switch", switch=250)  # a bare number is read only in a record or --set
+
+
+def _switch(value: str) -> At:
+    return build_configs("hybrid-dat", overrides=[f"schedule.switch={value}"])[2].schedule.switch
+
+
+def test_switch_1_0_is_the_whole_run_and_an_integer_is_a_step():
+    """``--set schedule.switch=V``: an integer is a step; a percentage or a number with a decimal point is a fraction of
+    the run, so 1.0 is the whole run (not step 1, as the old reading had it); a decimal above 1 is refused, not
+    guessed at."""
+    assert _switch("250") == At(step=250) and _switch("1") == At(step=1)
+    assert _switch("0.8") == At(fraction=0.8) and _switch("50%") == At(fraction=0.5)
+    assert _switch("1.0") == At(fraction=1.0) and At(fraction=1.0).resolve(4500) == 4500
+    assert _switch("44.4%").resolve(4500) == 1998
     assert build_configs("hybrid-dat", overrides=["schedule.switch_fraction=1"])[2].schedule.switch == At(fraction=1)
     assert build_configs("hybrid-dat", overrides=["schedule.switch_step=1"])[2].schedule.switch == At(step=1)
+    for bad, match in (("2.0", r"at most 1.0 \(the whole run\); for a step write an integer \(schedule.switch=2\)"),
+                       ("1e3", r"schedule.switch=1000\)"), ("150%", "0% to 100%"), ("-3", "a step is >= 0"),
+                       ("soon", "an integer is a step"), ("true", "an integer is a step")):
+        with pytest.raises(ProbeError, match=match):
+            _switch(bad)
+    with pytest.raises(ProbeError, match="after the last step"):  # the whole run: attention would never come on
+        Schedule(build_configs("hybrid-dat", overrides=["schedule.switch=1.0"])[2].schedule, 4500)
 
 
 def test_adaptive_schedule_switches_on_plateau_and_is_capped():
@@ -84,11 +110,16 @@ def test_adaptive_schedule_switches_on_plateau_and_is_capped():
     assert capped.gate(99) == 0 and capped.gate(100) == 1
 
 
+def _record(**schedule) -> ScheduleConfig:
+    """A schedule as a checkpoint recorded it, read as every record is read."""
+    return TrainConfig.from_dict({"schedule": schedule}).schedule
+
+
 def test_bad_schedules_raise():
     with pytest.raises(ProbeError, match="unknown schedule"):
-        ScheduleConfig(kind="later")
+        _record(kind="later")
     with pytest.raises(ProbeError, match="needs a switch"):
-        ScheduleConfig(kind="delayed")
+        _record(kind="delayed")
     with pytest.raises(ProbeError, match="needs a switch"):
         variant("dat+frozen-rnn")
     with pytest.raises(ProbeError, match="gate 'sometimes'"):
@@ -96,7 +127,7 @@ def test_bad_schedules_raise():
     with pytest.raises(ProbeError, match="cut_block=1 needs schedule.cut=recurrent"):
         ScheduleConfig(cut="all", cut_block=1)
     with pytest.raises(ProbeError, match="either the old kind"):
-        ScheduleConfig(kind="delayed", switch=20, gate="ramp")
+        _record(kind="delayed", switch=20, gate="ramp")
     with pytest.raises(ProbeError, match="unknown schedule variant"):
         build_configs("hybrid-joint", overrides=["schedule.variant=later"])
     with pytest.raises(ProbeError, match="no such field"):
@@ -105,13 +136,16 @@ def test_bad_schedules_raise():
 
 def test_every_variant_is_one_entry_named_in_one_place():
     for name, settings in VARIANTS.items():
-        cfg = ScheduleConfig(**settings, switch=At(step=10))
+        timing = {} if name == "joint" else {"switch": At(step=10)}  # joint has nothing to switch
+        cfg = ScheduleConfig(**settings, **timing)
         assert cfg.name == variant_name(cfg) == name
-        cfg_set = build_configs("hybrid-joint", overrides=[f"schedule.variant={name}", "schedule.switch_step=10"])[2]
-        assert cfg_set.schedule == cfg
-        assert cfg_set.schedule.with_variant("joint").name == "joint"
-    assert ScheduleConfig(kind="delayed", switch=5).name == "dat"  # the old kind's name is an alias
-    assert ScheduleConfig(variant="delayed", switch=At(step=5)) == ScheduleConfig(kind="delayed", switch=5)
+        sets = [f"schedule.variant={name}"] + (["schedule.switch_step=10"] if timing else [])
+        cfg_set = build_configs("hybrid-joint", overrides=sets)[2]
+        assert cfg_set.schedule == cfg == ScheduleConfig(variant=name, **timing)
+        from_dat = build_configs("hybrid-dat", overrides=[f"schedule.variant={name}"])[2].schedule
+        assert from_dat.name == name and from_dat.switch == (None if name == "joint" else DAT_SWITCH)
+    assert _record(kind="delayed", switch=5).name == "dat"  # the old kind's name is an alias
+    assert _record(kind="delayed", switch=5) == ScheduleConfig(variant="dat", switch=At(step=5))
     record = variant("stopgrad-rnn1").to_dict()
     assert record["variant"] == "stopgrad-rnn1" and ScheduleConfig.from_dict(record) == variant("stopgrad-rnn1")
     with pytest.raises(ProbeError, match="does not match the settings"):
@@ -174,7 +208,7 @@ def test_old_schedule_dicts_mean_exactly_what_they_meant():
                                                                              and d["switch"] == 0)))
         if not old_valid:
             continue
-        cfg = ScheduleConfig.from_dict(d)
+        cfg = _record(**d)
         assert _new_behaviour(cfg, 8) == _old_behaviour(d, 8), d
         assert cfg == ScheduleConfig.from_dict(cfg.to_dict()) == ScheduleConfig(**cfg.to_dict())
         checked += 1
@@ -224,11 +258,22 @@ def test_shipped_checkpoint_was_trained_with_the_committed_preset(preset):
     assert ckpt.step == train_cfg.steps
 
 
+COMMITTED_GRIDS = ("coadaptation", "deep", "long", "mechanism", "precision", "recipe", "recurrent", "reproduction",
+                   "ssmax", "switch")
+"""The grids whose runs were trained and committed before today's spellings: each must still mean what it meant."""
+
+
+def _grid_toml(name: str) -> Path:
+    """A committed grid's file, in the study's folder or where it was before."""
+    return next(p for p in (ROOT / "study" / "sweeps" / f"{name}.toml", ROOT / "sweeps" / f"{name}.toml")
+                if p.exists())
+
+
 def test_old_set_spellings_of_committed_sweeps_map_onto_the_settings():
     from probe.sweep.config import load_config
 
     names = {}
-    for toml in sorted((ROOT / "sweeps").glob("*.toml")):
+    for toml in map(_grid_toml, COMMITTED_GRIDS):
         for run in load_config(toml).runs("/tmp/unused"):
             _, _, cfg = build_configs(run.preset, run.task, list(run.overrides), steps=run.steps, seed=run.seed)
             names[run.key.split("/")[0]] = cfg.schedule.name
@@ -250,7 +295,7 @@ def test_coadaptation_grid_runs_each_variant_at_the_mechanism_grids_settings():
 
     def grid(name: str) -> dict[str, list]:
         runs: dict[str, list] = {}
-        for run in load_config(ROOT / "sweeps" / f"{name}.toml").runs("/tmp/unused"):
+        for run in load_config(_grid_toml(name)).runs("/tmp/unused"):
             cfg = build_configs(run.preset, run.task, list(run.overrides), steps=run.steps, seed=run.seed)
             runs.setdefault(run.key.split("/")[0], []).append((run.seed, *cfg))
         return runs
@@ -423,9 +468,7 @@ def _one_step_grads(trainer: Trainer, step: int) -> dict[str, torch.Tensor]:
 
 
 def _batch(cfg: TrainConfig, step: int):
-    g = torch.Generator().manual_seed(train_batch_seed(cfg.seed, step))
-    length = int(torch.randint(1, TASK.train_length + 1, (1,), generator=g))
-    return TASK.sample(length, cfg.batch_size, g)
+    return training_batch(TASK, cfg.batch_size, train_batch_seed(cfg.seed, step))
 
 
 def test_stopgrad_lstm_gradient_is_the_recurrent_path_and_attention_still_learns(tmp_path):
@@ -457,7 +500,7 @@ def test_stopgrad_lstm_gradient_is_the_recurrent_path_and_attention_still_learns
 
 @pytest.mark.parametrize("sched", [
     variant("stopgrad-rnn"), variant("stopgrad-nonrnn"), variant("stopgrad-rnn0"), variant("stopgrad-rnn1"),
-    ScheduleConfig(kind="stopgrad", stopgrad_scope="recurrent:0"),  # an old checkpoint's spelling
+    _record(kind="stopgrad", stopgrad_scope="recurrent:0"),  # an old checkpoint's spelling
 ], ids=["rnn", "nonrnn", "rnn0", "rnn1", "old-recurrent:0"])
 def test_split_stopgrad_cuts_attention_for_exactly_its_side(tmp_path, sched):
     """``stopgrad-rnn``: the LSTMs (and their pre-LN) get g_rec, every other parameter below attention the full
@@ -558,9 +601,9 @@ def test_variants_are_recorded_by_name_and_checked(tmp_path):
     with pytest.raises(ProbeError, match="no recurrent sublayer in block 1"):
         Trainer(MODEL, TASK, tiny_cfg(schedule=variant("stopgrad-rnn1")), tmp_path / "d", progress=False)
     with pytest.raises(ProbeError, match="needs schedule.kind=stopgrad"):
-        ScheduleConfig(kind="delayed", switch=20, stopgrad_scope="recurrent")
+        _record(kind="delayed", switch=20, stopgrad_scope="recurrent")
     with pytest.raises(ProbeError, match="stopgrad_scope must be one of all, recurrent, nonrecurrent or recurrent:N"):
-        ScheduleConfig(kind="stopgrad", stopgrad_scope="lstm")
+        _record(kind="stopgrad", stopgrad_scope="lstm")
     with pytest.raises(ProbeError, match="after the last step"):
         Schedule(variant("dat", switch=At(step=2000)), total_steps=50)
 
@@ -934,9 +977,9 @@ def test_an_optimizer_the_device_cannot_run_is_refused_in_one_line(tmp_path, mon
 
 @pytest.mark.slow  # two threads on a busy two-core machine take seconds per step
 def test_threads_setting_is_applied_and_oversubscription_noted(tmp_path, capsys, monkeypatch):
-    import probe.train
+    import probe.training.trainer
 
-    monkeypatch.setattr(probe.train, "_available_cpus", lambda: {0})  # a one-core machine
+    monkeypatch.setattr(probe.training.trainer, "_available_cpus", lambda: {0})  # a one-core machine
     before = torch.get_num_threads()
     try:
         train(MODEL, TASK, tiny_cfg(threads=2, steps=1, eval_every=1, eval_samples=2, ckpt_every=1, traj_every=1),

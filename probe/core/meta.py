@@ -26,18 +26,13 @@ def checkpoint_meta(ckpt: Checkpoint) -> dict[str, Any]:
             "family": ckpt.model_config.family}
 
 
-def schedule_gate(ckpt: Checkpoint) -> float | None:
-    """The gate the checkpoint's schedule applies at its step (None when the checkpoint records no schedule)."""
-    from probe.schedules import Schedule, ScheduleConfig
+def schedule_gate(ckpt: Checkpoint) -> list[float] | None:
+    """Each attention block's gate at the checkpoint's step, as the trainer recorded it (``probe.training.state``;
+    rebuilt from the configs of a checkpoint written before the record); None when no schedule is recorded or the
+    model has no attention."""
+    from probe.training.state import step_state
 
-    sched = ckpt.train_config.get("schedule")
-    if not sched or not ckpt.model_config.has_attention:
+    if not ckpt.model_config.has_attention:
         return None
-    # ``from_dict`` reads every recorded form of a schedule (older checkpoints name a kind and a scope string)
-    build = getattr(ScheduleConfig, "from_dict", None) or (lambda d: ScheduleConfig(**d))
-    try:
-        cfg = build(sched)
-    except (TypeError, ValueError):
-        return None
-    switched = (ckpt.extra.get("schedule_state") or {}).get("switched_at")
-    return Schedule(cfg, int(ckpt.train_config.get("steps", 0)), switched_at=switched).gate(ckpt.step)
+    gates = step_state(ckpt).gates
+    return list(gates) if gates else None

@@ -26,7 +26,7 @@ def trajectory(tmp_path_factory) -> Path:
     task = make_task("interleaved", train_length=8)
     model_cfg = ModelConfig(family="hybrid", vocab_size=task.vocab_size, d_model=16, n_layers=2, n_heads=2)
     cfg = TrainConfig(steps=40, batch_size=16, eval_every=40, eval_samples=8, ckpt_every=40, traj_every=20, lr=3e-3,
-                      warmup=5, schedule=ScheduleConfig(kind="joint"))
+                      warmup=5, schedule=ScheduleConfig())
     train(model_cfg, task, cfg, run, progress=False)
     return run / "trajectory"
 

@@ -1,0 +1,35 @@
+"""The training core, one responsibility a module, in reading order:
+
+- ``points``: a point in the run (``At``: a step or a fraction of the run) and its ``--set`` spellings.
+- ``settings``: a schedule as independent settings (``ScheduleConfig``), the rules between them, the table of named
+  variants (``VARIANTS``) and the one name of any schedule.
+- ``legacy``: every old spelling (old kinds, bare-number points, old ``--set`` items), read there and nowhere else.
+- ``policies``: how a step's gradient is taken (plainly, or with attention's backward path cut).
+- ``schedule``: the live schedule of a run (``Schedule``): the gate, what trains and the gradient policy at a step.
+- ``config``: the training config (``TrainConfig``) and the learning rate at a step (``lr_at``).
+- ``presets``: the named presets (``PRESETS``).
+- ``overrides``: the ``--set SECTION.FIELD=VALUE`` grammar (``build_configs``, ``override_configs``).
+- ``batches``: the training batch of a step (``training_batch``, ``train_batch_seed``).
+- ``state``: what a checkpoint records of its step (gates, learning rate, batch draw) and how analyses read it.
+- ``trainer``: the loop (``Trainer``, ``train``); ``cli``: ``python -m probe.train``.
+
+Names are imported on first use, so that importing one module does not import the trainer.
+"""
+
+from probe.core.lazy import lazy_exports
+
+_EXPORTS = {
+    "At": "points",
+    **dict.fromkeys(["VARIANTS", "ScheduleConfig", "variant_name", "variant_settings"], "settings"),
+    **dict.fromkeys(["GradientPolicy", "PLAIN"], "policies"),
+    "Schedule": "schedule",
+    **dict.fromkeys(["OPTIMIZER_IMPLS", "PRECISIONS", "TrainConfig", "lr_at"], "config"),
+    **dict.fromkeys(["DAT_SWITCH", "PRESETS"], "presets"),
+    **dict.fromkeys(["build_configs", "override_configs"], "overrides"),
+    **dict.fromkeys(["train_batch_seed", "training_batch"], "batches"),
+    **dict.fromkeys(["StepState", "step_state"], "state"),
+    **dict.fromkeys(["Trainer", "config_diff", "train"], "trainer"),
+    "main": "cli",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+__all__ = sorted(_EXPORTS)

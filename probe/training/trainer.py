@@ -1,0 +1,280 @@
+"""The reference trainer: the loop, resumable runs, checkpoints (with the state at their step) and trajectories."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from probe import hardware
+from probe.checkpoint import Checkpoint, checkpoint_from_model, load_checkpoint, save_checkpoint
+from probe.errors import ProbeError
+from probe.evaluate import accuracy_at_length
+from probe.models import HookedSequenceModel, ModelConfig
+from probe.tasks import IGNORE_INDEX, Batch, TaskConfig
+from probe.training.batches import train_batch_seed, training_batch
+from probe.training.config import TrainConfig, lr_at
+from probe.training.schedule import Schedule
+from probe.training.state import KEY, state_at
+
+
+class Trainer:
+    """One run: model, optimizer, schedule; ``run()`` trains to ``cfg.steps`` writing checkpoints as it goes."""
+
+    def __init__(self, model_cfg: ModelConfig, task: TaskConfig, cfg: TrainConfig, out: str | Path,
+                 device: str | torch.device = "cpu", progress: bool = True) -> None:
+        self.model_cfg, self.task, self.cfg = model_cfg, task, cfg
+        self.out = Path(out)
+        self.device = torch.device(device)
+        self.progress = progress
+        # every check that can refuse comes before the model is built, so a refusal costs nothing
+        self.schedule = Schedule(cfg.schedule, cfg.steps)
+        if cfg.compile:
+            hardware.check_compile(self.device)
+        self.precision_used, note = hardware.precision_used(cfg.precision, self.device)
+        if note and (progress or self.precision_used == "bf16+fp32-recurrence"):
+            print(note, file=sys.stderr)
+        if self.device.type == "cuda" and self.precision_used == "fp32":
+            # fp32 means fp32: cuDNN (the LSTM) would otherwise run its matmuls in TF32 (10-bit mantissa)
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+        torch.manual_seed(cfg.seed)
+        self.model = HookedSequenceModel(model_cfg).to(self.device)
+        self.schedule.check_model(self.model)
+        # before --resume loads later weights: the model is still as the seed built it
+        self.schedule.remember_initial(self.model)
+        # the recurrent sublayers then run with autocast off: the one kernel without an emulated bf16 version
+        self.model.set_fp32_recurrence(self.precision_used == "bf16+fp32-recurrence")
+        self.optimizer = hardware.adamw(list(self.model.parameters()), cfg.optimizer_impl, self.device, lr=cfg.lr,
+                                        weight_decay=cfg.weight_decay)
+        # compile the forward only; hooks, gates and checkpoints keep working on self.model
+        self.forward = torch.compile(self.model, dynamic=True) if cfg.compile else self.model
+        self.step = 0
+        self.metrics: dict[str, Any] = {}
+        self.running: dict[str, float] = {}
+        self._bar_eval: dict[str, str] = {}
+
+    # --- state --------------------------------------------------------------------------------------------
+    def _apply_schedule(self, step: int) -> None:
+        self.model.set_attention_gate(self.schedule.gate(step))
+        trains = self.schedule.attention_trains(step)
+        for p in self.model.attention_parameters():
+            p.requires_grad_(trains)  # a parameter without a grad is skipped by AdamW: no update, no decay
+        recurrent = self.schedule.recurrent_trains(step)
+        for p in self.model.recurrent_parameters():
+            p.requires_grad_(recurrent)
+
+    def checkpoint(self, with_optimizer: bool = True) -> Checkpoint:
+        """The run now; its ``extra`` records the state of the next step (``state.StepState``): the gate of each
+        attention block, the learning rate and the batch's seed, which analyses read instead of rebuilding them."""
+        state = state_at(self.schedule, self.cfg, self.step, len(self.model.attention_gates()))
+        return checkpoint_from_model(
+            self.model, self.task, train_config=self.cfg.to_dict(), step=self.step,
+            optimizer_state=self.optimizer.state_dict() if with_optimizer else None,
+            metrics=self.metrics, extra={"schedule_state": self.schedule.state_dict(), "running": dict(self.running),
+                                         "precision_used": self.precision_used, KEY: state.to_dict()},
+        )
+
+    def resume(self) -> bool:
+        """Continue from ``out/last.pt`` if it exists; its configs must match this run's (the first differing
+        field is named)."""
+        last = self.out / "last.pt"
+        if not last.exists():
+            return False
+        ckpt = load_checkpoint(last, map_location=self.device)
+        diff = config_diff(ckpt, self.model_cfg, self.task, self.cfg)
+        if diff:
+            raise ProbeError(f"{last}: cannot resume: {diff}")
+        before = ckpt.extra.get("precision_used")
+        if before is not None and before != self.precision_used:
+            print(f"note: {last} trained so far in {before}; this machine continues in {self.precision_used}",
+                  file=sys.stderr)
+        self.model.load_state_dict(ckpt.state_dict)
+        self.schedule.load_state_dict(ckpt.extra.get("schedule_state", {}))
+        self._apply_schedule(ckpt.step)
+        self.optimizer.load_state_dict(ckpt.optimizer_state)
+        self.step, self.metrics = ckpt.step, ckpt.metrics
+        self.running = dict(ckpt.extra.get("running") or {})
+        log = self.out / "metrics.jsonl"
+        if log.exists():  # drop what was logged after the checkpoint the run resumes from
+            kept = [ln for ln in log.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step]
+            log.write_text("".join(ln + "\n" for ln in kept))
+        return True
+
+    # --- loop ---------------------------------------------------------------------------------------------
+    def train_step(self, step: int) -> tuple[float, float]:
+        """One optimizer step on the batch of ``step``; returns (loss, token accuracy on that batch)."""
+        batch = training_batch(self.task, self.cfg.batch_size, train_batch_seed(self.cfg.seed, step)).to(self.device)
+        self._apply_schedule(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(self.cfg, step)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        # the schedule decides how the gradient is taken (plainly, or with attention's backward path cut)
+        policy = self.schedule.gradient_policy(step)
+        logits, loss = policy.backward(self.model, lambda: self._loss(batch, step))
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        self.optimizer.step()
+        mask = batch.answer_mask
+        acc = ((logits.detach().argmax(-1) == batch.labels) & mask).sum() / mask.sum()
+        return loss.item(), acc.item()
+
+    def _loss(self, batch: Batch, step: int) -> tuple[Tensor, Tensor]:
+        """(logits in fp32, loss) of ``batch``; a non-finite loss stops the run."""
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.precision_used != "fp32"):
+            logits = self.forward(batch.tokens)
+        logits = logits.float()
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX)
+        if not torch.isfinite(loss):
+            raise ProbeError(
+                f"non-finite loss ({loss.item()}) at step {step}; stopped, last good checkpoint kept at "
+                f"{self.out / 'last.pt'} (try a lower train.lr)"
+            )
+        return logits, loss
+
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        row: dict[str, float] = {}
+        for factor in (1, 2, 3):
+            length = factor * self.task.train_length
+            acc = accuracy_at_length(self.model, self.task, length, self.cfg.eval_samples, seed=self.cfg.seed)
+            for subtask, values in acc.items():
+                row[f"{subtask}_acc_{factor}x"] = values["token_acc"]
+        return row
+
+    def _log(self, record: dict[str, Any]) -> None:
+        with open(self.out / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def lstm_adam_state(self) -> dict[str, Any]:
+        """AdamW's second moments of every recurrent cell's own weights (any cell; the LayerNorm before it is not
+        part of the cell) in bfloat16 (fp16 underflows on squared gradients), and what it takes to precondition a
+        gradient as the next update would: ``-lr * g / (sqrt(v / (1 - beta2**t)) + eps)``. Empty before the first
+        step. Trajectory snapshots carry it (as ``extra["lstm_adam"]``, the slot's name) for the lookahead
+        interference analysis, which preconditions the same parameters."""
+        names = {id(p): n for n, p in self.model.named_parameters()}
+        group = self.optimizer.param_groups[0]
+        moments: dict[str, torch.Tensor] = {}
+        step = 0
+        for p in (p for layer in self.model.lstm_layers for p in layer.parameters()):
+            state = self.optimizer.state.get(p, {})
+            if "exp_avg_sq" in state:
+                moments[names[id(p)]] = state["exp_avg_sq"].detach().to("cpu", torch.bfloat16)
+                step = max(step, int(state["step"]))
+        if not moments:
+            return {}
+        return {"exp_avg_sq": moments, "step": step, "beta1": float(group["betas"][0]),
+                "beta2": float(group["betas"][1]), "eps": float(group["eps"]), "lr": float(group["lr"])}
+
+    def _snapshot(self) -> None:
+        ckpt = self.checkpoint(with_optimizer=False)
+        dtype = getattr(torch, self.cfg.traj_dtype)
+        ckpt.state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in ckpt.state_dict.items()}
+        adam = self.lstm_adam_state()
+        if adam:
+            ckpt.extra["lstm_adam"] = adam
+        save_checkpoint(self.out / "trajectory" / f"step_{self.step:06d}.pt", ckpt)
+
+    def run(self, until: int | None = None) -> Checkpoint:
+        """Train to ``cfg.steps``, or stop after step ``until`` of the same run (the learning-rate and attention
+        schedules still span ``cfg.steps``, so the first ``until`` steps are exactly the full run's): then
+        ``last.pt`` holds the state for ``--resume`` and no ``final.pt`` is written."""
+        stop = self.cfg.steps if until is None else min(until, self.cfg.steps)
+        if stop < 0:
+            raise ProbeError(f"until={until}: a run cannot stop before step 0")
+        torch.set_num_threads(self.cfg.threads)
+        self.out.mkdir(parents=True, exist_ok=True)
+        if self.step == 0:
+            (self.out / "metrics.jsonl").unlink(missing_ok=True)
+            self._snapshot()
+        bar = None
+        if self.progress:
+            from tqdm import tqdm
+
+            bar = tqdm(total=stop, initial=self.step, desc=self.out.name, dynamic_ncols=True)
+        t0 = time.perf_counter()
+        run_loss, run_acc = self.running.get("loss"), self.running.get("acc")
+        while self.step < stop:
+            loss, acc_batch = self.train_step(self.step)
+            run_loss = loss if run_loss is None else 0.98 * run_loss + 0.02 * loss
+            run_acc = acc_batch if run_acc is None else 0.98 * run_acc + 0.02 * acc_batch
+            self.running = {"loss": run_loss, "acc": run_acc}
+            if bar is not None and self.step % 10 == 0:
+                bar.set_postfix(loss=f"{run_loss:.3f}", acc=f"{run_acc:.3f}", **self._bar_eval)
+            self.step += 1
+            if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
+                acc = self.evaluate()
+                switched = self.schedule.observe(self.step, acc["state_acc_1x"])
+                self.metrics = {"step": self.step, "loss": run_loss, "gate": self.schedule.gate(self.step),
+                                "elapsed_s": time.perf_counter() - t0, **acc}
+                self._log(self.metrics | ({"event": "attention switched on"} if switched else {}))
+                self._bar_eval = {"state3x": f"{acc['state_acc_3x']:.3f}", "recall3x": f"{acc['recall_acc_3x']:.3f}"}
+            if self.step % self.cfg.traj_every == 0:
+                self._snapshot()
+            if self.step % self.cfg.ckpt_every == 0 or self.step in (self.cfg.steps, stop):
+                save_checkpoint(self.out / "last.pt", self.checkpoint())
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        final = self.checkpoint(with_optimizer=False)
+        if self.step == self.cfg.steps:
+            save_checkpoint(self.out / "final.pt", final)
+        return final
+
+
+def config_diff(ckpt: Checkpoint, model_cfg: ModelConfig, task: TaskConfig, cfg: TrainConfig) -> str | None:
+    """The first field on which a checkpoint's configs and the given ones differ, as ``section.field: a != b``.
+    Schedules are compared by the steps they act at, so a switch at 4/9 of 4500 steps matches one at step 2000."""
+    old_train = TrainConfig.from_dict(ckpt.train_config).resolved().to_dict()
+    new_train = cfg.resolved().to_dict()
+    pairs = [("model", ckpt.model_config.to_dict(), model_cfg.to_dict()),
+             ("task", ckpt.task_config.to_dict(), task.to_dict()),
+             ("train", old_train, new_train),
+             ("schedule", old_train.pop("schedule"), new_train.pop("schedule"))]
+    for section, old, new in pairs:
+        for key in sorted(set(old) | set(new)):
+            if old.get(key) != new.get(key):
+                return f"{section}.{key} is {old.get(key)!r} in the checkpoint but {new.get(key)!r} here"
+    return None
+
+
+def check_out(out: str | Path) -> None:
+    """A run directory must be a directory or not exist yet."""
+    out = Path(out)
+    for path in (out, *out.parents):
+        if path.exists() and not path.is_dir():
+            raise ProbeError(f"--out {out}: {'it' if path == out else path} is a file, not a directory; "
+                             f"--out names a run directory")
+
+
+def train(model_cfg: ModelConfig, task: TaskConfig, cfg: TrainConfig, out: str | Path,
+          device: str | torch.device = "cpu", resume: bool = False, progress: bool = True,
+          until: int | None = None) -> Checkpoint:
+    """Train one run into ``out``. With ``resume``, continue from ``out/last.pt`` (which must exist); with
+    ``until``, stop after that step of the run (``Trainer.run``)."""
+    check_out(out)
+    trainer = Trainer(model_cfg, task, cfg, out, device, progress)
+    if resume:
+        if not trainer.resume():
+            raise ProbeError(f"--resume: {Path(out) / 'last.pt'} does not exist; drop --resume to start a fresh run")
+    elif (Path(out) / "last.pt").exists():
+        raise ProbeError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    if cfg.threads > len(_available_cpus()):
+        print(f"note: train.threads={cfg.threads} but this process may use {len(_available_cpus())} CPU(s); "
+              f"the threads will share them", file=sys.stderr)
+    return trainer.run(until)
+
+
+def _available_cpus() -> set[int]:
+    try:
+        return os.sched_getaffinity(0)
+    except AttributeError:  # not on Linux
+        return set(range(os.cpu_count() or 1))
