@@ -1,8 +1,9 @@
 """Attention-gradient interference on the recurrent weights: the g_att / g_rec split, the lookahead and checks.
 
-Modules: ``decomposition`` (the split), ``beyond`` (the lookahead: what a step along each part does beyond the
-training range), ``lookahead`` (its first-order predecessor, AdamW moments, training batches), ``controls`` (checks a
-broken method fails), ``analysis`` (checkpoints and trajectories), ``plots``, ``cli`` (``python -m probe.gradients``).
+Modules: ``decomposition`` (the split), ``inputs`` (what both lookaheads start from: sizes, AdamW moments, seeds),
+``beyond`` (the lookahead: what a step along each part does beyond the training range), ``lookahead`` (its
+first-order predecessor), ``controls`` (checks a broken method fails), ``analysis`` (checkpoints and trajectories),
+``plots``, ``cli`` (``python -m probe.gradients``).
 Names are imported on first use, so that the CLI's ``--help`` answers at once.
 """
 
@@ -18,8 +19,8 @@ _EXPORTS = {
     **dict.fromkeys(["Decomposition", "attention_inputs_detached", "attention_output_detached",
                      "attention_stream_detached", "cosine", "decompose", "interference", "lstm_parameters",
                      "split_losses", "state_loss"], "decomposition"),
-    **dict.fromkeys(["LookaheadConfig", "Moments", "adam_moments", "measure_lookahead", "training_batch", "verdict"],
-                    "lookahead"),
+    **dict.fromkeys(["LookaheadConfig", "Moments", "adam_moments"], "inputs"),
+    **dict.fromkeys(["measure_lookahead", "training_batch", "verdict"], "lookahead"),
     **dict.fromkeys(["plot_blocks", "plot_lookahead", "plot_over_training"], "plots"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -33,10 +33,11 @@ from probe.gradients.controls import (
     route_disagreement,
 )
 from probe.gradients.decomposition import interference
-from probe.gradients.lookahead import LookaheadConfig, adam_moments
+from probe.gradients.inputs import LookaheadConfig, adam_moments
 from probe.memory import check_lengths
 from probe.models import HookedSequenceModel, ModelConfig
 from probe.tasks import TaskConfig
+from probe.training.state import step_state
 from probe.wrapped import WrappedModel
 
 DEFAULT_LOOKAHEAD = LookaheadConfig()
@@ -150,8 +151,9 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
         if lookahead_cfg is not None:
             note(f"{meta['checkpoint']}: lookahead (step {ckpt.step})", progress)
             moments = adam_moments(ckpt, model)
+            state = step_state(ckpt)  # the run's learning rate at this step and its batch draw, as recorded
             la, checks = measure_beyond_range(model, task, moments, lookahead_cfg, seed, device,
-                                              train_lr=_lr_at_checkpoint(ckpt))
+                                              train_lr=state.lr, draw=state.draw)
             la = la.assign(**meta_g)
             v = verdict_beyond(la)
             controls += [first_order_check(meta["checkpoint"], checks["first_order_error"]),
@@ -182,14 +184,3 @@ def analyze(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, b
         controls=[c for r in reports for c in r.controls] + builtin_controls(),
     )
 
-
-def _lr_at_checkpoint(ckpt: Any) -> float | None:
-    """The learning rate the run's schedule had at the checkpoint's step (the size of the optimizer's next step),
-    or None when the checkpoint does not record a trainer config."""
-    from probe.config import TrainConfig, lr_at
-
-    try:
-        return lr_at(TrainConfig.from_dict(ckpt.train_config), int(ckpt.step or 0))
-    except (ProbeError, TypeError, KeyError, ValueError):
-        lr = ckpt.train_config.get("lr")
-        return float(lr) if lr else None

@@ -1,13 +1,13 @@
 """The lookahead: what a real step along each gradient part does to the state loss beyond the training range.
 
 Directions ``d_part`` (att, rec, full) are the training-loss gradient parts averaged over batches drawn as the trainer
-draws them and preconditioned as in ``lookahead`` (AdamW's second moments when the checkpoint holds them), plus
-``n_random`` random directions shaped by the same preconditioner (``P(xi)``, xi standard normal). Every direction is
-normalised, so that all take a step of the same length ``h = scale * U``, U the size of the optimizer's update at
-that snapshot (``update_size``). Targets: the state loss at stream positions t > L and t > 2L of fixed evaluation
-sequences at ``factor * L``, and the training loss on held-out training batches. Each effect is a change per unit of
-step length, ``(T(theta - h d^) - T(theta)) / h`` (scale 0: the first-order ``-<grad T, d^>``), measured on the same
-evaluation batches for every direction, so that differences between directions are paired.
+drew them (the draw the checkpoint names) and preconditioned by AdamW's second moments when the checkpoint holds them
+(``inputs.Moments``), plus ``n_random`` random directions shaped by the same preconditioner (``P(xi)``, xi standard
+normal). Every direction is normalised, so that all take a step of the same length ``h = scale * U``, U the size of
+the optimizer's update at that snapshot (``update_size``). Targets: the state loss at stream positions t > L and t >
+2L of fixed evaluation sequences at ``factor * L``, and the training loss on held-out training batches. Each effect is
+a change per unit of step length, ``(T(theta - h d^) - T(theta)) / h`` (scale 0: the first-order ``-<grad T, d^>``),
+measured on the same evaluation batches for every direction, so that differences between directions are paired.
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from probe.core.rows import CONTROL, check_row, threshold_row
-from probe.gradients import lookahead as _la
 from probe.gradients.controls import FIRST_ORDER_TOL
 from probe.gradients.decomposition import Cut, attention_inputs_detached, check_has_lstm, flat_grad
-from probe.gradients.lookahead import LookaheadConfig
+from probe.gradients.inputs import LookaheadConfig, Moments, add_step, lookahead_seed
 from probe.models import HookedSequenceModel
 from probe.tasks import IGNORE_INDEX, Batch, TaskConfig
+from probe.training.batches import BatchDraw, training_batch
 
 PARTS = ("att", "rec", "full")
 Z_DETECT = 2.0
@@ -68,12 +68,12 @@ def _masked_ce(logits: Tensor, batch: Batch, mask: Tensor) -> Tensor:
 
 
 def model_targets(task: TaskConfig, cfg: LookaheadConfig, seed: int, device: torch.device | str,
-                  ) -> list[TargetGroup]:
+                  draw: BatchDraw = training_batch) -> list[TargetGroup]:
     """The training loss on held-out training batches, and the state loss beyond L and beyond 2L on the same fixed
     sequences at ``cfg.factor * L``."""
     L = task.train_length
-    base = _la.LOOKAHEAD_SEED_BASE + seed * 10_000_000
-    train = [_la.training_batch(task, cfg.batch_size, base + 5_000_000 + j).to(device)
+    base = lookahead_seed(seed)
+    train = [draw(task, cfg.batch_size, base + 5_000_000 + j).to(device)
              for j in range(cfg.train_eval_batches)]
     length = cfg.factor * L
     state = [task.sample(length, cfg.batch_size, base + 7_000_000 + length * 1000 + j).to(device)
@@ -120,7 +120,7 @@ def random_directions(like: Tensor, n: int, precondition: Callable[[Tensor], Ten
     return [precondition(torch.randn(like.shape, generator=g, dtype=torch.float64).to(like)) for _ in range(n)]
 
 
-def update_size(moments: _la.Moments | None, d_full: Tensor, theta_norm: float, n: int,
+def update_size(moments: Moments | None, d_full: Tensor, theta_norm: float, n: int,
                 train_lr: float | None) -> tuple[float, str]:
     """U = |lr * m_hat / (sqrt(v_hat) + eps)|, the next AdamW update's size on theta (weight decay left out), and
     where it came from. Trajectory snapshots hold v but not m: m_hat is then the mean full gradient, so U = lr
@@ -178,7 +178,7 @@ def measure_steps(model: Any, model_step: Any, theta: list[torch.nn.Parameter],
 
     def stepped(unit: Tensor, h: float) -> list[Tensor]:
         with torch.no_grad():
-            _la._apply(theta_step, -h * unit)
+            add_step(theta_step, -h * unit)
         out = [(a - b) / h for a, b in zip(losses(), before, strict=True)]
         with torch.no_grad():
             for p, o in zip(theta_step, original, strict=True):
@@ -236,11 +236,14 @@ def measure_steps(model: Any, model_step: Any, theta: list[torch.nn.Parameter],
     return df, max(errors, default=0.0)
 
 
-def measure_beyond_range(model: HookedSequenceModel, task: TaskConfig, moments: _la.Moments | None = None,
+def measure_beyond_range(model: HookedSequenceModel, task: TaskConfig, moments: Moments | None = None,
                          cfg: LookaheadConfig | None = None, seed: int = 0,
                          device: torch.device | str = "cpu", cut: Cut = attention_inputs_detached,
-                         train_lr: float | None = None) -> tuple[pd.DataFrame, dict[str, Any]]:
-    """The lookahead's rows on one model (columns in the CLI's --help) and what its checks need."""
+                         train_lr: float | None = None, draw: BatchDraw = training_batch,
+                         ) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """The lookahead's rows on one model (columns in the CLI's --help) and what its checks need. ``train_lr`` and
+    ``draw`` are the run's, as its checkpoint records them (``probe.training.state.step_state``): the learning rate
+    at the checkpoint's step and the function that drew its training batches."""
     cfg = cfg or LookaheadConfig()
     theta = check_has_lstm(model)
     if moments is not None:
@@ -248,15 +251,15 @@ def measure_beyond_range(model: HookedSequenceModel, task: TaskConfig, moments: 
         if moments.m is not None:
             moments.m = moments.m.to(moments.v.device)
     precondition = moments.precondition if moments is not None else (lambda g: g)
-    base = _la.LOOKAHEAD_SEED_BASE + seed * 10_000_000
-    train = [_la.training_batch(task, cfg.batch_size, base + k).to(device) for k in range(cfg.n_batches)]
+    base = lookahead_seed(seed)
+    train = [draw(task, cfg.batch_size, base + k).to(device) for k in range(cfg.n_batches)]
     directions = gradient_parts(theta, [lambda b=b: model(b.tokens, labels=b.labels) for b in train],
                                 lambda: cut(model), precondition)
     randoms = random_directions(directions["full"], cfg.n_random, precondition, base + 8_000_000)
     theta_norm = float(torch.cat([p.detach().flatten() for p in theta]).norm())
     n = sum(p.numel() for p in theta)
     update_norm, source = update_size(moments, directions["full"], theta_norm, n, train_lr)
-    groups = model_targets(task, cfg, seed, device)
+    groups = model_targets(task, cfg, seed, device, draw)
     model64 = copy.deepcopy(model).double()
     df, err = measure_steps(model, model64, theta, check_has_lstm(model64), groups, directions, randoms,
                             cfg.scales, update_norm, cfg.rel_step * theta_norm)

@@ -29,95 +29,23 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from probe.checkpoint import Checkpoint
-from probe.core.seeds import LOOKAHEAD
-from probe.gradients.decomposition import (
-    Cut,
-    attention_inputs_detached,
-    check_has_lstm,
-    flat_grad,
-    lstm_parameter_names,
-    state_loss,
+from probe.gradients.beyond import verdict_beyond
+from probe.gradients.decomposition import Cut, attention_inputs_detached, check_has_lstm, flat_grad, state_loss
+from probe.gradients.inputs import (  # noqa: F401  (re-exported: notebook 03, old imports)
+    LOOKAHEAD_SEED_BASE,
+    LookaheadConfig,
+    Moments,
+    adam_moments,
+    add_step,
+    lookahead_seed,
 )
 from probe.models import HookedSequenceModel
 from probe.tasks import Batch, TaskConfig
+from probe.training.batches import BatchDraw, training_batch
 
 PARTS = ("att", "rec", "full")
-LOOKAHEAD_SEED_BASE = LOOKAHEAD
-"""Lookahead batches: the ``lookahead`` entry of ``probe.core.seeds``."""
 Z_SUPPORT = 2.0
 """|first-order change| / standard error above which a change counts as detected in the verdict."""
-
-
-def training_batch(task: TaskConfig, batch_size: int, seed: int) -> Batch:
-    """One batch drawn as the trainer draws it: a generator seeded with ``seed``, one length uniform in
-    1..L_train, then the batch at that length from the same generator (tested against ``Trainer.train_step``)."""
-    g = torch.Generator().manual_seed(seed)
-    length = int(torch.randint(1, task.train_length + 1, (1,), generator=g))
-    return task.sample(length, batch_size, g)
-
-
-@dataclass
-class Moments:
-    """AdamW's second moments of theta, flattened in the order of ``lstm_parameters``."""
-
-    v: Tensor
-    step: int
-    beta2: float
-    eps: float
-    source: str  # "trajectory" (ckpt.extra["lstm_adam"]) or "optimizer" (ckpt.optimizer_state)
-    m: Tensor | None = None  # first moments: only a full optimizer state holds them
-    beta1: float = 0.9
-    lr: float | None = None  # the learning rate of the last update, when stored
-
-    def precondition(self, g: Tensor) -> Tensor:
-        return g / ((self.v / (1 - self.beta2 ** self.step)).sqrt() + self.eps)
-
-
-def adam_moments(ckpt: Checkpoint, model: HookedSequenceModel) -> Moments | None:
-    """theta's second moments from a checkpoint: a trajectory snapshot's ``extra["lstm_adam"]`` or a full optimizer
-    state (``last.pt``; its integer ids follow the order of ``model.parameters()``). None when it holds neither
-    (older snapshots, weights-only files, the snapshot taken before the first step)."""
-    names = lstm_parameter_names(model)
-    shapes = dict(model.named_parameters())
-    adam = ckpt.extra.get("lstm_adam") or {}
-    if adam.get("exp_avg_sq") and all(n in adam["exp_avg_sq"] for n in names):
-        v = torch.cat([adam["exp_avg_sq"][n].float().reshape(shapes[n].shape).flatten() for n in names])
-        return Moments(v, int(adam["step"]), float(adam["beta2"]), float(adam["eps"]), "trajectory",
-                       beta1=float(adam.get("beta1", 0.9)), lr=float(adam["lr"]) if "lr" in adam else None)
-    opt = ckpt.optimizer_state
-    if not opt or not opt.get("state"):
-        return None
-    ids = [i for group in opt["param_groups"] for i in group["params"]]
-    order = [n for n, _ in model.named_parameters()]
-    if len(ids) != len(order):
-        return None  # an optimizer over a different parameter list: its ids cannot be mapped to names
-    by_name = dict(zip(order, ids, strict=True))
-    group_of = {i: group for group in opt["param_groups"] for i in group["params"]}
-    states = [opt["state"].get(by_name[n]) for n in names]
-    if any(s is None or "exp_avg_sq" not in s for s in states):
-        return None
-    group = group_of[by_name[names[0]]]
-    m = torch.cat([s["exp_avg"].float().flatten() for s in states]) if all("exp_avg" in s for s in states) else None
-    return Moments(torch.cat([s["exp_avg_sq"].float().flatten() for s in states]), int(max(float(s["step"])
-                   for s in states)), float(group["betas"][1]), float(group["eps"]), "optimizer", m=m,
-                   beta1=float(group["betas"][0]), lr=float(group["lr"]) if "lr" in group else None)
-
-
-@dataclass(frozen=True)
-class LookaheadConfig:
-    """Sizes of the lookahead (``beyond.measure_beyond_range``; the first-order ``measure_lookahead`` reads the
-    first six)."""
-
-    n_batches: int = 24          # training-distribution batches whose gradients are averaged into d_part
-    batch_size: int = 64
-    eval_batches: int = 8        # evaluation batches for the state-loss targets
-    train_eval_batches: int = 8  # held-out training-distribution batches for the training-loss target
-    rel_step: float = 1e-6       # first-order check step (first-order lookahead: the step), / |theta|
-    lengths: tuple[int, ...] | None = None  # first-order lookahead's evaluation lengths (default L and 3 L)
-    scales: tuple[float, ...] = (0.01, 0.1, 0.3, 1.0)  # step lengths, x the optimizer's update size
-    n_random: int = 4            # random directions (fixed seed) in the baseline
-    factor: int = 3              # evaluation sequences are factor x L long
 
 
 @dataclass
@@ -132,9 +60,10 @@ class Target:
         return state_loss(model(batch.tokens), batch)
 
 
-def _targets(task: TaskConfig, cfg: LookaheadConfig, seed: int, device: torch.device | str) -> list[Target]:
-    base = LOOKAHEAD_SEED_BASE + seed * 10_000_000
-    train = [training_batch(task, cfg.batch_size, base + 5_000_000 + j).to(device)
+def _targets(task: TaskConfig, cfg: LookaheadConfig, seed: int, device: torch.device | str,
+             draw: BatchDraw) -> list[Target]:
+    base = lookahead_seed(seed)
+    train = [draw(task, cfg.batch_size, base + 5_000_000 + j).to(device)
              for j in range(cfg.train_eval_batches)]
     out = [Target("train", None, train)]
     lengths = cfg.lengths or (task.train_length, 3 * task.train_length)
@@ -144,21 +73,16 @@ def _targets(task: TaskConfig, cfg: LookaheadConfig, seed: int, device: torch.de
     return out
 
 
-def _apply(params: list[torch.nn.Parameter], step: Tensor) -> None:
-    off = 0
-    for p in params:
-        n = p.numel()
-        p.add_(step[off:off + n].view_as(p).to(p.dtype))
-        off += n
-
-
 def measure_lookahead(model: HookedSequenceModel, task: TaskConfig, moments: Moments | None = None,
-              cfg: LookaheadConfig = LookaheadConfig(), seed: int = 0, device: torch.device | str = "cpu",
-              cut: Cut = attention_inputs_detached, progress: bool = False) -> pd.DataFrame:
+              cfg: LookaheadConfig | None = None, seed: int = 0, device: torch.device | str = "cpu",
+              cut: Cut = attention_inputs_detached, progress: bool = False,
+              draw: BatchDraw = training_batch) -> pd.DataFrame:
     """One row per part (att, rec, full) and target (``loss`` train or state, ``length``); columns in the CLI's
-    --help. ``cut`` is a parameter so that the tests can break the method."""
+    --help. ``cut`` is a parameter so that the tests can break the method; ``draw`` draws training batches as the
+    run did (a checkpoint's ``probe.training.state.step_state(ckpt).draw``)."""
+    cfg = cfg or LookaheadConfig()
     theta = check_has_lstm(model)
-    targets = _targets(task, cfg, seed, device)
+    targets = _targets(task, cfg, seed, device, draw)
     precondition = moments.precondition if moments is not None else (lambda g: g)
     if moments is not None:
         moments.v = moments.v.to(next(model.parameters()).device)
@@ -172,7 +96,7 @@ def measure_lookahead(model: HookedSequenceModel, task: TaskConfig, moments: Mom
     mean_grad = [g.mean(0) for g in grads]
 
     # the directions, batch by batch: per-batch projections give the standard error over direction batches
-    base = LOOKAHEAD_SEED_BASE + seed * 10_000_000
+    base = lookahead_seed(seed)
     sums = {p: torch.zeros_like(mean_grad[0]) for p in PARTS}
     proj = {p: [] for p in PARTS}  # (n_batches, n_targets)
     it: Any = range(cfg.n_batches)
@@ -181,7 +105,7 @@ def measure_lookahead(model: HookedSequenceModel, task: TaskConfig, moments: Mom
 
         it = tqdm(it, desc="lookahead batches", file=sys.stderr, leave=False)
     for k in it:
-        batch = training_batch(task, cfg.batch_size, base + k).to(device)
+        batch = draw(task, cfg.batch_size, base + k).to(device)
         with torch.enable_grad():
             g = flat_grad(model(batch.tokens, labels=batch.labels), theta)
             with cut(model):
@@ -208,7 +132,7 @@ def measure_lookahead(model: HookedSequenceModel, task: TaskConfig, moments: Mom
     after: dict[str, list[float]] = {}
     with torch.no_grad():
         for part, d in directions.items():
-            _apply(theta64, -eta * d.double())
+            add_step(theta64, -eta * d.double())
             after[part] = losses64()
             for p, o in zip(theta64, original, strict=True):
                 p.copy_(o)
@@ -240,9 +164,8 @@ def verdict(rows: pd.DataFrame, train_length: int) -> dict[str, Any]:
     """Does a step along -g_att raise the 3x state loss while lowering the training loss? One flat row. Rows with a
     ``positions`` column (the beyond-range lookahead) get ``beyond.verdict_beyond``'s rule."""
     if "positions" in rows.columns:
-        from probe.gradients.beyond import verdict_beyond
-
         return verdict_beyond(rows)
+
     def row(loss: str, length: int | None) -> pd.Series | None:
         sel = rows[(rows.part == "att") & (rows.loss == loss)]
         sel = sel[sel.length.isna()] if length is None else sel[sel.length == length]
