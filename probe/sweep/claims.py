@@ -42,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from probe.core.stats import can_reject, clopper_pearson, holm, min_attainable_p, permutation_p
+from probe.core.tables import pipe_table
 from probe.errors import ProbeError
 from probe.sweep.config import SweepConfig, load_config
 
@@ -244,10 +245,7 @@ def _seeds(seeds: Any) -> str:
 
 def claims_markdown(rows: list[dict[str, Any]], source: str) -> str:
     """The claims as a Markdown table: claim, what it says, fresh seeds, verdict."""
-    lines = [f"Pre-registered claims judged on fresh seeds ({source}).", "",
-             "| claim | says | variant | metric | fresh seeds | verdict |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        variant = r["variant"] + (f" vs {r['versus']}" if r["versus"] else "")
-        lines.append(f"| `{r['claim']}` | {r['text']} | {variant} | {r['metric']} | {r['fresh_seeds']} | "
-                     f"{r['verdict']} |")
-    return "\n".join(lines) + "\n"
+    cells = [[f"`{r['claim']}`", r["text"], r["variant"] + (f" vs {r['versus']}" if r["versus"] else ""), r["metric"],
+              r["fresh_seeds"], r["verdict"]] for r in rows]
+    table = pipe_table(["claim", "says", "variant", "metric", "fresh seeds", "verdict"], cells)
+    return f"Pre-registered claims judged on fresh seeds ({source}).\n\n{table}\n"
