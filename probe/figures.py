@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -23,16 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from probe.cli import (
-    add_common_args,
-    add_threads,
-    envelope,
-    make_parser,
-    resolve_device,
-    run_cli,
-    seed_and_threads,
-)
+from probe.cli import resolve_device
+from probe.core.progress import progress_bar
+from probe.core.tables import pipe_row, pipe_table
 from probe.errors import ProbeError
+from probe.runner import Command, Options, Report, option
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -346,6 +341,7 @@ FIGURES: list[FigureSpec] = [
 ]
 
 
+INDEX_HEADER = ("file", "caption", "same numbers from", "inputs", "seconds")
 _INDEX_ROW = re.compile(r"^\| \[(?P<file>[^\]]+)\]\(.*\| (?P<secs>\d+|—) \|$")
 _FORMATS = ("png", "pdf", "svg")
 
@@ -366,7 +362,7 @@ def _row(out: Path, spec: FigureSpec, secs: float | None, results: str | None = 
     caption = spec.caption.replace("|", "\\|")  # |g_att| would split the table cell
     shown = "—" if secs is None else f"{secs:.0f}"
     command, inputs = spec.shown(results)
-    return f"| {links} | {caption} | `{command}` | `{inputs}` | {shown} |"
+    return pipe_row([links, caption, f"`{command}`", f"`{inputs}`", shown])
 
 
 def _shown_path(path: Path) -> str:
@@ -415,7 +411,7 @@ def write_index(out: Path, made: dict[str, float], seed: int, only: bool = False
              f"{drawn}; the figures below took {total:.0f} s on one CPU core (`--only NAME` remakes one and leaves "
              "this index as it is, adding a row only for a figure it does not list). Each row says which command "
              "computes the same numbers.", "",
-             "| file | caption | same numbers from | inputs | seconds |", "|---|---|---|---|---|", *rows]
+             pipe_table(INDEX_HEADER, []), *rows]
     index.write_text("\n".join(lines) + "\n")
     return True
 
@@ -435,90 +431,94 @@ def _without_local_paths(fig: Figure, roots: list[Path]) -> None:
             text.set_text(s)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = make_parser("python -m probe.figures", __doc__.split("\n\n")[0],
-                         "figures: " + ", ".join(s.name for s in FIGURES))
-    parser.add_argument("--format", default="png", help="comma list of png, pdf, svg (default png)")
-    parser.add_argument("--only", nargs="+", metavar="NAME",
-                        help="make only these figures (an existing index is left as it is)")
-    parser.add_argument("--checkpoints", default=str(REPO / "checkpoints"), help="shipped checkpoints directory")
-    parser.add_argument("--results", default=None, metavar="DIR",
-                        help="a folder of results: the reproduction grid (reproduction/), the analyses' JSON and the "
-                             "grids some figures are drawn from (default: none; every figure that can be is computed "
-                             "from the checkpoints)")
-    parser.add_argument("--retrain", action="store_true", help=argparse.SUPPRESS)  # removed: says so in one line
-    parser.add_argument("--quiet", action="store_true", help="no progress bar or per-figure lines on stderr")
-    parser.add_argument("--quick", action="store_true",
-                        help="tiny samples everywhere: checks the pipeline in seconds, numbers not for reporting")
-    add_threads(parser)
-    add_common_args(parser, out_help="output directory for the figures and their index README.md (default figures/)")
-    parser.set_defaults(out="figures")
-    return parser
+def draw(specs: list[FigureSpec], inputs: Inputs, out: Path, formats: Sequence[str] = ("png",),
+         progress: bool = True) -> list[dict[str, Any]]:
+    """Each figure of ``specs`` into ``out`` in every format; one row per figure: figure, files, seconds."""
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    # an analysis behind one figure can run for a minute: the bar names the figure being made meanwhile
+    bar = progress_bar(len(specs), "figures", progress, unit="figure")
+    for spec in specs:
+        bar.set_description(spec.name)
+        t0 = time.perf_counter()
+        fig = spec.make(inputs)
+        _without_local_paths(fig, [p for p in (inputs.checkpoints, inputs.results, REPO) if p is not None])
+        files = []
+        for fmt in formats:
+            fig.savefig(out / f"{spec.name}.{fmt}", dpi=150 if fmt == "png" else None, bbox_inches="tight")
+            files.append(f"{spec.name}.{fmt}")
+        plt.close(fig)
+        rows.append({"figure": spec.name, "files": ",".join(files), "seconds": time.perf_counter() - t0})
+        bar.update(1)
+        if progress:
+            bar.write(f"{spec.name:24s} {rows[-1]['seconds']:6.1f} s  -> {', '.join(files)}", file=sys.stderr)
+    bar.close()
+    return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    def body(args: argparse.Namespace) -> dict[str, Any]:
-        formats = [f.strip() for f in args.format.split(",") if f.strip()]
-        if not formats or set(formats) - {"png", "pdf", "svg"}:
-            raise ProbeError(f"bad --format {args.format!r}: use a comma list of png, pdf, svg")
-        specs = FIGURES
-        if args.only:
-            unknown = set(args.only) - {s.name for s in FIGURES}
-            if unknown:
-                raise ProbeError(f"unknown figure(s) {', '.join(sorted(unknown))}; known: "
-                                 + ", ".join(s.name for s in FIGURES))
-            specs = [s for s in FIGURES if s.name in args.only]
-        seed_and_threads(args)
-        quiet = args.quiet or args.json
-        if args.retrain:
-            raise ProbeError("--retrain is gone: train the runs first (python -m probe.sweep ... --out RUNS), then "
-                             "draw the figures from their checkpoints (--checkpoints) and results (--results)")
-        results = None if args.results is None else Path(args.results)
-        inputs = Inputs(Path(args.checkpoints), results, args.seed, str(resolve_device(args.device)), args.quick)
-        inputs.validate()
+# --- CLI ------------------------------------------------------------------------------------------------------------
+@dataclass
+class FigureOptions(Options):
+    format: str = option("png", "comma list of png, pdf, svg (default png)")
+    only: list[str] | None = option(None, "make only these figures (an existing index is left as it is)", nargs="+",
+                                    metavar="NAME", type=str)
+    checkpoints: str = option(str(REPO / "checkpoints"), "shipped checkpoints directory")
+    results: str | None = option(None, "a folder of results: the reproduction grid (reproduction/), the analyses' "
+                                       "JSON and the grids some figures are drawn from (default: none; every figure "
+                                       "that can be is computed from the checkpoints)", metavar="DIR")
+    retrain: bool = option(False, argparse.SUPPRESS)  # removed: says so in one line
+    quiet: bool = option(False, "no progress bar or per-figure lines on stderr")
+    quick: bool = option(False, "tiny samples everywhere: checks the pipeline in seconds, numbers not for reporting")
+    out: str = option("figures", "output directory for the figures and their index README.md (default figures/)",
+                      metavar="DIR", order=4)
 
-        def grid(s: FigureSpec) -> str:
-            return f"--results {s.needs}/" if results is None else f"{results / s.needs}/"
 
-        absent = [s for s in specs if s.needs and (results is None or not (results / s.needs / "runs.jsonl").is_file())]
-        if absent and args.only:
-            s = absent[0]
-            raise ProbeError(f"{s.name} is drawn from the grid {grid(s)}, which is not there (python -m probe.results "
-                             f"collect RUNS {'DIR' if results is None else results}/{s.needs} makes it)")
-        for s in absent:
-            if not quiet:
-                print(f"{s.name}: skipped, no grid {grid(s)} to draw it from", file=sys.stderr)
-        specs = [s for s in specs if s not in absent]
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        made, rows, t_all = {}, [], time.perf_counter()
-        import matplotlib.pyplot as plt
-        from tqdm import tqdm
+def run(opts: FigureOptions) -> Report:
+    formats = [f.strip() for f in opts.format.split(",") if f.strip()]
+    if not formats or set(formats) - {"png", "pdf", "svg"}:
+        raise ProbeError(f"bad --format {opts.format!r}: use a comma list of png, pdf, svg")
+    specs = FIGURES
+    if opts.only:
+        unknown = set(opts.only) - {s.name for s in FIGURES}
+        if unknown:
+            raise ProbeError(f"unknown figure(s) {', '.join(sorted(unknown))}; known: "
+                             + ", ".join(s.name for s in FIGURES))
+        specs = [s for s in FIGURES if s.name in opts.only]
+    quiet = opts.quiet or opts.json
+    if opts.retrain:
+        raise ProbeError("--retrain is gone: train the runs first (python -m probe.sweep ... --out RUNS), then "
+                         "draw the figures from their checkpoints (--checkpoints) and results (--results)")
+    results = None if opts.results is None else Path(opts.results)
+    inputs = Inputs(Path(opts.checkpoints), results, opts.seed, str(resolve_device(opts.device)), opts.quick)
+    inputs.validate()
 
-        # an analysis behind one figure can run for a minute: the bar names the figure being made meanwhile
-        bar = tqdm(specs, unit="figure", file=sys.stderr, disable=quiet)
-        for spec in bar:
-            bar.set_description(spec.name)
-            t0 = time.perf_counter()
-            fig = spec.make(inputs)
-            _without_local_paths(fig, [p for p in (inputs.checkpoints, results, REPO) if p is not None])
-            files = []
-            for fmt in formats:
-                fig.savefig(out / f"{spec.name}.{fmt}", dpi=150 if fmt == "png" else None, bbox_inches="tight")
-                files.append(f"{spec.name}.{fmt}")
-            plt.close(fig)
-            made[spec.name] = time.perf_counter() - t0
-            rows.append({"figure": spec.name, "files": ",".join(files), "seconds": made[spec.name]})
-            if not quiet:
-                bar.write(f"{spec.name:24s} {made[spec.name]:6.1f} s  -> {', '.join(files)}", file=sys.stderr)
-        changed = write_index(out, made, args.seed, only=bool(args.only), results=results)
+    def grid(s: FigureSpec) -> str:
+        return f"--results {s.needs}/" if results is None else f"{results / s.needs}/"
+
+    absent = [s for s in specs if s.needs and (results is None or not (results / s.needs / "runs.jsonl").is_file())]
+    if absent and opts.only:
+        s = absent[0]
+        raise ProbeError(f"{s.name} is drawn from the grid {grid(s)}, which is not there (python -m probe.results "
+                         f"collect RUNS {'DIR' if results is None else results}/{s.needs} makes it)")
+    for s in absent:
         if not quiet:
-            n_files = sum(len(r["files"].split(",")) for r in rows)
-            print(f"wrote {n_files} files{' and README.md' if changed else ''} to {out} in "
-                  f"{time.perf_counter() - t_all:.0f} s", file=sys.stderr)
-        return envelope("figures", [str(p) for p in inputs.finals], rows)
+            print(f"{s.name}: skipped, no grid {grid(s)} to draw it from", file=sys.stderr)
+    t_all, out = time.perf_counter(), Path(opts.out)
+    rows = draw([s for s in specs if s not in absent], inputs, out, formats, progress=not quiet)
+    changed = write_index(out, {r["figure"]: r["seconds"] for r in rows}, opts.seed, only=bool(opts.only),
+                          results=results)
+    if not quiet:
+        n_files = sum(len(r["files"].split(",")) for r in rows)
+        print(f"wrote {n_files} files{' and README.md' if changed else ''} to {out} in "
+              f"{time.perf_counter() - t_all:.0f} s", file=sys.stderr)
+    return Report([str(p) for p in inputs.finals], rows)
 
-    return run_cli(build_parser(), body, argv)
+
+COMMAND = Command("figures", FigureOptions, run, __doc__.split("\n\n")[0],
+                  "figures: " + ", ".join(s.name for s in FIGURES), results_file=False)
+main, build_parser = COMMAND.main, COMMAND.build_parser
 
 
 if __name__ == "__main__":
