@@ -143,3 +143,42 @@ def test_a_backward_pass_needs_more_memory_and_the_refusal_names_what_fits(monke
     check_lengths(cfg, task, [longest])  # fits without a backward pass
     with pytest.raises(ProbeError, match=r"^a\.pt: length \d+ needs about .* use lengths up to \d+$"):
         check_lengths(cfg, task, [longest], grad=True, name="a.pt")
+
+
+def test_pipe_table_is_a_header_a_rule_and_one_line_per_row():
+    from probe.core.tables import pipe_table
+
+    assert pipe_table(["a", "b"], [[1, "x"], [2.5, None]]) == "| a | b |\n|---|---|\n| 1 | x |\n| 2.5 | None |"
+    assert pipe_table(["only"], []) == "| only |\n|---|"
+
+
+def test_a_disabled_progress_bar_draws_nothing_but_still_says_its_lines(capsys):
+    from probe.core.progress import progress_bar, progress_iter
+
+    bar = progress_bar(3, "runs", enabled=False)
+    bar.update(1)
+    bar.set_postfix_str("running 2")
+    bar.set_description("runs")
+    bar.write("FAILED a/seed0")
+    bar.close()
+    assert list(progress_iter([1, 2], "x", enabled=False)) == [1, 2]
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == "FAILED a/seed0\n"
+
+
+# modules another change is moving off their own tqdm bar; a new one must not join them
+PROGRESS_PENDING = {"train.py", "training/trainer.py", "gradients/lookahead.py"}
+
+
+def test_every_progress_bar_and_markdown_table_comes_from_one_helper():
+    """A bar drawn by its own tqdm ignores --json and --no-progress; a table written by hand drifts from the others."""
+    bars, tables = [], []
+    for path in PROBE.rglob("*.py"):
+        name = path.relative_to(PROBE).as_posix()
+        text = path.read_text()
+        if "tqdm(" in text and name not in ("core/progress.py", *PROGRESS_PENDING):
+            bars.append(name)
+        if "|---" in text and name != "core/tables.py":
+            tables.append(name)
+    assert bars == [], "use probe.core.progress.progress_iter / progress_bar"
+    assert tables == [], "use probe.core.tables.pipe_table"
