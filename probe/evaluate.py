@@ -5,31 +5,17 @@ Usage: ``python -m probe.evaluate ckpt.pt [more.pt ...] [--lengths 1:100] [--jso
 
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
 
-from probe.cli import (
-    add_checkpoints,
-    add_common_args,
-    add_lengths,
-    add_samples,
-    add_threads,
-    envelope,
-    make_parser,
-    positive_int,
-    resolve_device,
-    run_cli,
-    say,
-    seed_and_threads,
-    write_outputs,
-)
+from probe.cli import envelope, positive_int, resolve_device
 from probe.core.chance import chance
 from probe.core.lengths import multiples, parse_lengths, up_to
 from probe.core.meta import variant_name
@@ -39,6 +25,7 @@ from probe.core.stats import fraction_above
 from probe.errors import ProbeError
 from probe.memory import PeakMemory, Plan, check_lengths, fit_batch_size, plan_lengths
 from probe.results import FACTORS, SOLVED
+from probe.runner import CheckpointOptions, Command, Report, lengths_option, option, samples_option
 from probe.tasks import SUBTASKS, TaskConfig
 from probe.windows import eval_seed, factor_subtask, state_factors, windows_of
 
@@ -394,63 +381,53 @@ def _note(text: str) -> None:
     print(text, file=sys.stderr)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = make_parser("python -m probe.evaluate", __doc__.split("\n\n")[0], _HELP_JSON)
-    add_checkpoints(parser)
-    add_lengths(parser, "1:4xL_train, every length")
-    add_samples(parser, 256)
-    parser.add_argument("--batch-size", type=positive_int, default=256, help="sub-batch size, bounds memory "
-                                                                             "(default 256)")
-    parser.add_argument("--factors", action="store_true",
-                        help="also the state answers' accuracy modulo each prime-power factor q of the modulus "
-                             "(subtasks state_mod2, state_mod5 for m = 10): parity apart from the rest")
-    add_threads(parser)
-    add_common_args(parser)
-    return parser
+@dataclass
+class EvaluateOptions(CheckpointOptions):
+    lengths: list[int] | None = lengths_option("1:4xL_train, every length")
+    samples: int = samples_option(256)
+    batch_size: int = option(256, "sub-batch size, bounds memory (default 256)", type=positive_int)
+    factors: bool = option(False, "also the state answers' accuracy modulo each prime-power factor q of the modulus "
+                                  "(subtasks state_mod2, state_mod5 for m = 10): parity apart from the rest")
 
 
-def main(argv: list[str] | None = None) -> int:
-    def body(args: argparse.Namespace) -> dict[str, Any]:
-        from probe.checkpoint import resolve_checkpoints
+def run(opts: EvaluateOptions) -> Report:
+    """The length curves, the windows of the metric of record and the memory they took, as one report."""
+    from probe.checkpoint import resolve_checkpoints
 
-        seed_and_threads(args)
-        paths = resolve_checkpoints(args.checkpoints, note=None if args.json else _note)
-        device = resolve_device(args.device)
-        plan = memory_plan(paths, args.lengths, args.samples, args.batch_size, device)
-        with PeakMemory(device) as peak:
-            curves = evaluate_checkpoints(paths, args.lengths, args.samples, args.batch_size, args.seed, device,
-                                          progress=not args.json, factors=args.factors)
-            longest = int(args.lengths and max(args.lengths) or 0) or None
-            windows = evaluate_windows(paths, longest, args.samples, args.batch_size, args.seed, device,
-                                       progress=not args.json)
-        trained = curves.drop_duplicates("checkpoint")
-        for r in trained.itertuples():
-            say(args, f"{r.checkpoint}: {r.label}, seed {r.seed}, trained in {r.precision} "
-                      f"(AdamW {r.optimizer_impl})")
-        say(args, summary_table(curves).to_string(index=False))
-        solved = solved_table(curves)
-        if len(solved.columns) > 2:  # a multiple of L_train was evaluated
-            say(args, f"\nseeds above {100 * SOLVED:.0f} % token accuracy · sequences with every answer right (%, "
-                      "mean over seeds):")
-            say(args, solved.to_string(index=False))
-        if len(windows):
-            say(args, "\nthe metric of record: token accuracy (%) per window of stream positions, mean over "
-                      "checkpoints (lowest), beside chance:")
-            say(args, windows_summary(windows).to_string(index=False))
-        else:
-            say(args, "\nno whole window of positions to report: the longest length evaluated is below L_train")
-        result = evaluation_envelope(curves, paths, windows)
-        result["memory"] = {"planned_bytes": plan.bytes, "planned_batch": plan.batch, "planned_length": plan.length,
-                            "available_bytes": plan.available, "measured_bytes": peak.bytes, "measured_by": peak.method}
-        say(args, f"memory: planned at most {plan.bytes / 2**20:.0f} MB of activations (sub-batches of {plan.batch} "
-                  f"at length {plan.length}; {plan.available / 2**30:.1f} GB free), measured "
-                  f"{peak.bytes / 2**20:.0f} MB ({peak.method})")
-        if args.out:
-            write_outputs(args.out, result, {"accuracy_vs_length.png": plot_length_curves(curves)}, dpi=150)
-            say(args, f"wrote {Path(args.out) / 'results.json'} and {Path(args.out) / 'accuracy_vs_length.png'}")
-        return result
+    paths = resolve_checkpoints(opts.checkpoints, note=None if opts.json else _note)
+    device = resolve_device(opts.device)
+    plan = memory_plan(paths, opts.lengths, opts.samples, opts.batch_size, device)
+    with PeakMemory(device) as peak:
+        curves = evaluate_checkpoints(paths, opts.lengths, opts.samples, opts.batch_size, opts.seed, device,
+                                      progress=not opts.json, factors=opts.factors)
+        longest = int(opts.lengths and max(opts.lengths) or 0) or None
+        windows = evaluate_windows(paths, longest, opts.samples, opts.batch_size, opts.seed, device,
+                                   progress=not opts.json)
+    text = [f"{r.checkpoint}: {r.label}, seed {r.seed}, trained in {r.precision} (AdamW {r.optimizer_impl})"
+            for r in curves.drop_duplicates("checkpoint").itertuples()]
+    text.append(summary_table(curves).to_string(index=False))
+    solved = solved_table(curves)
+    if len(solved.columns) > 2:  # a multiple of L_train was evaluated
+        text += [f"\nseeds above {100 * SOLVED:.0f} % token accuracy · sequences with every answer right (%, "
+                 "mean over seeds):", solved.to_string(index=False)]
+    if len(windows):
+        text += ["\nthe metric of record: token accuracy (%) per window of stream positions, mean over "
+                 "checkpoints (lowest), beside chance:", windows_summary(windows).to_string(index=False)]
+    else:
+        text.append("\nno whole window of positions to report: the longest length evaluated is below L_train")
+    text.append(f"memory: planned at most {plan.bytes / 2**20:.0f} MB of activations (sub-batches of {plan.batch} at "
+                f"length {plan.length}; {plan.available / 2**30:.1f} GB free), measured {peak.bytes / 2**20:.0f} MB "
+                f"({peak.method})")
+    result = evaluation_envelope(curves, paths, windows)
+    memory = {"planned_bytes": plan.bytes, "planned_batch": plan.batch, "planned_length": plan.length,
+              "available_bytes": plan.available, "measured_bytes": peak.bytes, "measured_by": peak.method}
+    return Report(result["checkpoints"], result["results"], result["controls"], "\n".join(text),
+                  figures=lambda: {"accuracy_vs_length.png": plot_length_curves(curves)}, dpi=150,
+                  extra={"memory": memory})
 
-    return run_cli(build_parser(), body, argv)
+
+COMMAND = Command("evaluate", EvaluateOptions, run, __doc__.split("\n\n")[0], _HELP_JSON)
+main, build_parser = COMMAND.main, COMMAND.build_parser
 
 
 if __name__ == "__main__":

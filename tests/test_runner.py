@@ -1,0 +1,116 @@
+"""The analysis runner: an options dataclass is the command line, a Report is what it prints and writes, and every
+analysis CLI is one such command."""
+
+from __future__ import annotations
+
+import importlib
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from probe.cli import positive_int
+from probe.errors import ProbeError
+from probe.runner import CheckpointOptions, Command, Options, Report, lengths_option, option, samples_option
+
+COMMANDS = {"evaluate": "probe.evaluate", "gradients": "probe.gradients.cli", "attributions": "probe.attributions.cli",
+            "probes": "probe.probes.cli", "shortcuts": "probe.shortcuts.cli", "sharpness": "probe.sharpness.cli",
+            "transitions": "probe.transitions", "figures": "probe.figures"}
+
+
+@dataclass
+class ToyOptions(CheckpointOptions):
+    lengths: list[int] | None = lengths_option("4 and 8", aliases=["--length"])
+    samples: int = samples_option(3, aliases=["--batch"])
+    n_heads: int = option(2, "heads to look at (default %(default)s)", type=positive_int)
+    fast: bool = option(False, "skip the slow part")
+    mode: str = option("a", "a or b", choices=("a", "b"), order=-1)
+    ks: list[int] = option([1, 2], "spans")
+
+
+def save_rows(out, result) -> list[str]:
+    (out / "rows.csv").write_text(str(len(result["results"])))
+    return ["rows.csv"]
+
+
+def toy_run(opts: ToyOptions) -> Report:
+    if opts.mode == "b":
+        raise ProbeError("mode b: not on this machine; use --mode a")
+    rows = [{"checkpoint": c, "length": n, "value": float("nan") if opts.fast else 1.0}
+            for c in opts.checkpoints for n in opts.lengths or [4, 8]]
+    return Report(list(opts.checkpoints), rows, [{"control": "toy", "kind": "instrument", "passed": True}],
+                  text=f"{len(rows)} rows", figures=lambda: {}, extra={"notes": ["toy"]},
+                  save=save_rows)
+
+
+TOY = Command("toy", ToyOptions, toy_run, "A toy analysis.", "JSON rows: checkpoint, length, value.")
+
+
+def test_fields_become_flags_with_their_help_and_defaults(capsys):
+    assert TOY.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    for flag in ("--lengths", "--samples", "--n-heads", "--fast", "--mode", "--ks", "--threads", "--json", "--out",
+                 "--device", "--seed"):
+        assert flag in text, flag
+    assert "(default 2)" in text and "JSON rows: checkpoint" in text and "1:400:25" in text
+    assert "--length " not in text and "--batch" not in text, "old spellings are hidden"
+    # the command's own flags sit between the shared head and the shared tail; order=-1 comes first
+    assert text.index("--mode") < text.index("--lengths") < text.index("--n-heads") < text.index("--threads")
+    assert text.index("--threads") < text.index("--json") < text.index("--seed")
+
+
+def test_parse_gives_the_options_dataclass_and_old_spellings_parse_to_the_new_field():
+    opts = TOY.parse(["a.pt", "b.pt", "--length", "4,8", "--batch", "5", "--fast", "--n-heads", "3"])
+    assert isinstance(opts, ToyOptions)
+    assert (opts.checkpoints, opts.lengths, opts.samples, opts.fast, opts.n_heads) == (["a.pt", "b.pt"], [4, 8], 5,
+                                                                                        True, 3)
+    assert (opts.seed, opts.device, opts.json, opts.out, opts.threads, opts.ks) == (0, "auto", False, None, 0, [1, 2])
+    assert TOY.parse(["a.pt"]).ks is not TOY.parse(["a.pt"]).ks, "a list default is not shared"
+
+
+def test_json_prints_the_envelope_and_out_writes_it_with_the_report_files(tmp_path, capsys):
+    ckpt = tmp_path / "a.pt"
+    ckpt.write_text("")
+    out = tmp_path / "out"
+    assert TOY.main([str(ckpt), "--json", "--fast", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    obj = json.loads(printed)
+    assert printed.count("\n") == 1, "exactly one JSON object and nothing else"
+    assert set(obj) == {"probe_version", "command", "checkpoints", "results", "controls", "notes"}
+    assert obj["command"] == "toy" and obj["checkpoints"] == [str(ckpt)]
+    assert [r["value"] for r in obj["results"]] == [None, None], "NaN is written as null"
+    assert json.loads((out / "results.json").read_text()) == obj and (out / "rows.csv").read_text() == "2"
+    assert TOY.main([str(ckpt)]) == 0
+    assert capsys.readouterr().out == "2 rows\n"
+
+
+@pytest.mark.parametrize(("argv", "words"), [(["{ckpt}", "--mode", "b"], "use --mode a"),
+                                             (["{ckpt}", "--n-heads", "0"], "--n-heads"),
+                                             (["{ckpt}", "--mode", "c"], "--mode"),
+                                             (["{missing}"], "no such file")])
+def test_a_user_error_is_one_line_and_exit_2(argv, words, tmp_path, capsys):
+    ckpt = tmp_path / "a.pt"
+    ckpt.write_text("")
+    assert TOY.main([a.format(ckpt=ckpt, missing=tmp_path / "nope.pt") for a in argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith("error:") and captured.err.count("\n") == 1
+    assert words in captured.err
+
+
+def test_a_command_without_checkpoints_has_only_the_shared_flags(capsys):
+    @dataclass
+    class Plain(Options):
+        what: str = option("x", "what to do")
+
+    cmd = Command("plain", Plain, lambda o: Report([], [{"what": o.what, "seed": o.seed}]), "Plain.")
+    assert cmd.main(["--what", "y", "--seed", "3", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["results"] == [{"what": "y", "seed": 3}]
+    assert cmd.main(["x.pt"]) == 2, "no positional checkpoints"
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_analysis_cli_is_one_command_on_the_runner(name):
+    module = importlib.import_module(COMMANDS[name])
+    assert isinstance(module.COMMAND, Command) and module.COMMAND.name == name
+    assert module.main == module.COMMAND.main and module.build_parser == module.COMMAND.build_parser
+    assert module.COMMAND.epilog, "--help documents the JSON columns (figures: the figures it makes)"
