@@ -1,10 +1,11 @@
-"""What every CLI shares: one flag per idea, argparse types, device choice, the JSON envelope, one ``--out`` layout,
-and exit code 2 with one line on any user error.
+"""What every CLI shares: argparse types, device choice, the JSON envelope, one ``--out`` layout, and exit code 2
+with one line on any user error. The analyses build their command lines from options dataclasses with
+``probe.runner``; ``probe.sweep`` and the trainer use the pieces here directly.
 
-Shared flags (each analysis adds the ones that apply): ``--lengths`` (one grammar: ``25,75``, ``1:100``,
-``1:400:25``), ``--samples`` (sequences per length), ``--threads``, ``--out DIR`` (``DIR/results.json`` plus the
-figures), ``--json``, ``--device``, ``--seed``. Heavy packages (torch, transformer_lens, pandas) are imported only
-inside the functions that need them, so that ``--help`` and a bad argument answer at once.
+Shared flags: ``--lengths`` (one grammar: ``25,75``, ``1:100``, ``1:400:25``), ``--samples`` (sequences per
+length), ``--threads``, ``--out DIR`` (``DIR/results.json`` plus the figures), ``--json``, ``--device``, ``--seed``.
+Heavy packages (torch, transformer_lens, pandas) are imported only inside the functions that need them, so that
+``--help`` and a bad argument answer at once.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from probe import __version__
-from probe.core.lengths import GRAMMAR, parse_lengths
+from probe.core.lengths import parse_lengths
 from probe.core.specs import is_factory_spec
 from probe.errors import ProbeError
 
@@ -104,54 +105,31 @@ def int_list(minimum: int = 0) -> Callable[[str], list[int]]:
 
 
 # --- shared flags -----------------------------------------------------------------------------------------------
-def add_checkpoints(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoints", nargs="+", help="checkpoint files, run or trajectory directories, or globs")
 
 
-def add_lengths(parser: argparse.ArgumentParser, default_help: str, aliases: Sequence[str] = ()) -> None:
-    """``--lengths`` (and hidden old spellings that README, docs or scripts once used)."""
-    parser.add_argument("--lengths", type=lengths_arg, default=None, metavar="LENGTHS",
-                        help=f"stream lengths: {GRAMMAR} (default: {default_help})")
-    for alias in aliases:
-        parser.add_argument(alias, dest="lengths", type=lengths_arg, help=argparse.SUPPRESS)
+JSON_HELP = "print exactly one JSON object on stdout (human text is suppressed)"
+OUT_HELP = f"directory for {RESULTS} (the --json object) and the figures (nothing written if omitted)"
+DEVICE_HELP = "cpu, cuda, cuda:N or auto (default: cuda if available)"
+SEED_HELP = "seed for every random draw (default 0)"
 
 
-def add_samples(parser: argparse.ArgumentParser, default: int, what: str = "sequences per length",
-                aliases: Sequence[str] = ()) -> None:
-    """``--samples``: how many sequences, per length (hidden old spellings in ``aliases``)."""
-    parser.add_argument("--samples", type=positive_int, default=default, metavar="N",
-                        help=f"{what} (default {default})")
-    for alias in aliases:
-        parser.add_argument(alias, dest="samples", type=positive_int, help=argparse.SUPPRESS)
+def threads_help(default: int) -> str:
+    shown = "torch's default" if default == 0 else str(default)
+    return f"CPU threads for torch (0 = torch's default; default: {shown})"
 
 
 def add_threads(parser: argparse.ArgumentParser, default: int = 0) -> None:
-    shown = "torch's default" if default == 0 else str(default)
-    parser.add_argument("--threads", type=nonnegative_int, default=default, metavar="N",
-                        help=f"CPU threads for torch (0 = torch's default; default: {shown})")
+    parser.add_argument("--threads", type=nonnegative_int, default=default, metavar="N", help=threads_help(default))
 
 
 def add_common_args(parser: argparse.ArgumentParser, json_flag: bool = True, out_help: str | None = None) -> None:
-    """``--json``, ``--out``, ``--device`` and ``--seed``."""
+    """``--json``, ``--out``, ``--device`` and ``--seed`` (the fields of ``probe.runner.Options``, for a command
+    that builds its parser by hand)."""
     if json_flag:
-        parser.add_argument("--json", action="store_true",
-                            help="print exactly one JSON object on stdout (human text is suppressed)")
-    parser.add_argument("--out", default=None, metavar="DIR",
-                        help=out_help or f"directory for {RESULTS} (the --json object) and the figures "
-                                         "(nothing written if omitted)")
-    parser.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: cuda if available)")
-    parser.add_argument("--seed", type=int, default=0, help="seed for every random draw (default 0)")
-
-
-def add_stored_gate(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--stored-gate", action="store_true",
-                        help="use the gate stored in the checkpoint, not the schedule's gate at its step")
-
-
-def add_threads_and_gate_args(parser: argparse.ArgumentParser) -> None:
-    """``--threads`` (default 1: these small models run fastest on one) and ``--stored-gate``."""
-    add_threads(parser, default=1)
-    add_stored_gate(parser)
+        parser.add_argument("--json", action="store_true", help=JSON_HELP)
+    parser.add_argument("--out", default=None, metavar="DIR", help=out_help or OUT_HELP)
+    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
+    parser.add_argument("--seed", type=int, default=0, help=SEED_HELP)
 
 
 def seed_and_threads(args: argparse.Namespace) -> None:

@@ -28,7 +28,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from probe.cli import (
+    DEVICE_HELP,
+    JSON_HELP,
+    OUT_HELP,
     RESULTS,
+    SEED_HELP,
     Parser,
     envelope,
     lengths_arg,
@@ -38,6 +42,7 @@ from probe.cli import (
     run_cli,
     say,
     seed_and_threads,
+    threads_help,
     write_outputs,
 )
 from probe.core.lengths import GRAMMAR
@@ -85,12 +90,7 @@ def samples_option(default: int, what: str = "sequences per length", aliases: Se
 
 def threads_option(default: int = 0) -> Any:
     """``--threads`` (0 = torch's default)."""
-    shown = "torch's default" if default == 0 else str(default)
-    return option(default, f"CPU threads for torch (0 = torch's default; default: {shown})", type=nonnegative_int,
-                  metavar="N", order=1)
-
-
-OUT_HELP = f"directory for {RESULTS} (the --json object) and the figures (nothing written if omitted)"
+    return option(default, threads_help(default), type=nonnegative_int, metavar="N", order=1)
 
 
 @dataclass
@@ -98,10 +98,10 @@ class Options:
     """The flags every command shares."""
 
     threads: int = threads_option(0)
-    json: bool = option(False, "print exactly one JSON object on stdout (human text is suppressed)", order=3)
+    json: bool = option(False, JSON_HELP, order=3)
     out: str | None = option(None, OUT_HELP, metavar="DIR", order=4)
-    device: str = option("auto", "cpu, cuda, cuda:N or auto (default: cuda if available)", order=5)
-    seed: int = option(0, "seed for every random draw (default 0)", type=int, order=6)
+    device: str = option("auto", DEVICE_HELP, order=5)
+    seed: int = option(0, SEED_HELP, type=int, order=6)
 
 
 @dataclass
