@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +28,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from probe.core.progress import progress_iter
 from probe.gradients.beyond import verdict_beyond
 from probe.gradients.decomposition import Cut, attention_inputs_detached, check_has_lstm, flat_grad, state_loss
 from probe.gradients.inputs import (  # noqa: F401  (re-exported: notebook 03, old imports)
@@ -99,12 +99,7 @@ def measure_lookahead(model: HookedSequenceModel, task: TaskConfig, moments: Mom
     base = lookahead_seed(seed)
     sums = {p: torch.zeros_like(mean_grad[0]) for p in PARTS}
     proj = {p: [] for p in PARTS}  # (n_batches, n_targets)
-    it: Any = range(cfg.n_batches)
-    if progress:
-        from tqdm.auto import tqdm
-
-        it = tqdm(it, desc="lookahead batches", file=sys.stderr, leave=False)
-    for k in it:
+    for k in progress_iter(range(cfg.n_batches), "lookahead batches", progress):
         batch = draw(task, cfg.batch_size, base + k).to(device)
         with torch.enable_grad():
             g = flat_grad(model(batch.tokens, labels=batch.labels), theta)

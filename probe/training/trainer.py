@@ -15,6 +15,7 @@ from torch import Tensor
 
 from probe import hardware
 from probe.checkpoint import Checkpoint, checkpoint_from_model, load_checkpoint, save_checkpoint
+from probe.core.progress import progress_bar
 from probe.errors import ProbeError
 from probe.evaluate import accuracy_at_length
 from probe.models import HookedSequenceModel, ModelConfig
@@ -194,11 +195,7 @@ class Trainer:
         if self.step == 0:
             (self.out / "metrics.jsonl").unlink(missing_ok=True)
             self._snapshot()
-        bar = None
-        if self.progress:
-            from tqdm import tqdm
-
-            bar = tqdm(total=stop, initial=self.step, desc=self.out.name, dynamic_ncols=True)
+        bar = progress_bar(stop, self.out.name, True, initial=self.step) if self.progress else None
         t0 = time.perf_counter()
         run_loss, run_acc = self.running.get("loss"), self.running.get("acc")
         while self.step < stop:
