@@ -32,9 +32,9 @@ from typing import Any
 
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from probe.checkpoint import load_checkpoint
+from probe.core.progress import progress_iter
 from probe.errors import ProbeError
 from probe.gradients.analysis import analyze_checkpoint, builtin_controls
 
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f"python -m probe.retrain --steps covering it")
                 jobs.append((snap, args.work / folder.name / f"step_{step:06d}.json"))
         objs = [measure_builtin(args.work / "builtin.json")]
-        for snap, cache in tqdm(jobs, desc="snapshots", dynamic_ncols=True):
+        for snap, cache in progress_iter(jobs, "snapshots", True):
             objs.append(measure(snap, cache))
             collect(objs, args.out)
     except ProbeError as e:

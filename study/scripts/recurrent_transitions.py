@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-from tqdm import tqdm
 
+from probe.core.progress import progress_iter
 from probe.errors import ProbeError
 from probe.transitions import analyze
 
@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
                   for p in args.runs.glob("*ssm*/seed*/final.pt"))
     todo = [t for t in todo if t[:2] not in have]
     rows = []
-    for variant, seed, path in tqdm(todo, desc="transitions", file=sys.stderr):
+    for variant, seed, path in progress_iter(todo, "transitions", True):
         try:
             r = analyze(path, n_samples=args.samples)
         except ProbeError as e:
