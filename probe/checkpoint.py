@@ -4,6 +4,7 @@ read with ``torch.load(weights_only=True)``, and validated with one-line errors 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
 import json
 import os
@@ -11,6 +12,7 @@ import pickle
 import pickletools
 import re
 import struct
+import sys
 import tempfile
 import warnings
 import zipfile
@@ -23,6 +25,7 @@ from typing import Any, BinaryIO
 import torch
 
 from probe import __version__
+from probe.core.specs import is_factory_spec
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel, ModelConfig
 from probe.tasks import TaskConfig, task_from_dict
@@ -160,7 +163,7 @@ def _umask() -> int:
 def load_checkpoint(source: str | os.PathLike | BinaryIO, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Read and validate a checkpoint from a path or a binary file object (``io.BytesIO(data)`` works).
 
-    A path that does not exist but reads ``package.module:factory`` is a factory (``probe.factory``): the
+    A path that does not exist but reads ``package.module:factory`` is a factory (``load_factory``): the
     model it returns, with its task, stands in for a checkpoint in every analysis.
 
     Every failure is a ``CheckpointError`` whose one-line message names the file, what is wrong with it and the
@@ -170,11 +173,7 @@ def load_checkpoint(source: str | os.PathLike | BinaryIO, map_location: str | to
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
         if not path.exists():
-            from probe.core.specs import is_factory_spec
-
             if is_factory_spec(str(source)):  # package.module:factory, a live model in place of a file
-                from probe.factory import load_factory
-
                 return load_factory(str(source))
             raise CheckpointError(f"{path}: no such file")
         if path.is_dir():
@@ -438,3 +437,55 @@ def resolve_checkpoints(specs: list[str], note: Callable[[str], None] | None = N
         else:
             out.append(p)
     return out
+
+
+# --- package.module:factory wherever a CLI takes a checkpoint ------------------------------------------------------
+@dataclass
+class FactoryCheckpoint(Checkpoint):
+    """A live model from a factory, served to the analyses in place of a checkpoint file: no path, no training
+    record (so no schedule gate and no optimizer moments), the model itself instead of a state dict."""
+
+    model: Any = None
+    spec: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.spec
+
+    @property
+    def label(self) -> str:
+        return self.spec
+
+    def build_model(self, device: torch.device | str = "cpu") -> Any:
+        return self.model.to(device).eval()
+
+
+def load_factory(spec: str) -> FactoryCheckpoint:
+    """Import ``package.module``, call ``callable()`` and check that it returned ``(model, task)``: a wrapped model
+    (``probe.wrap``, ``probe.wrap_hf``) or one of probe's, and a ``TaskConfig``. The current folder is importable,
+    as for ``python -m``. Every failure is one line (``CheckpointError``)."""
+    from probe.wrapped import WrappedModel
+
+    module_name, _, attr = spec.partition(":")
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, "")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise CheckpointError(f"{spec}: no such file, and module {module_name!r} cannot be imported ({e}); give a "
+                              "checkpoint path or package.module:factory") from None
+    factory = getattr(module, attr, None)
+    if not callable(factory):
+        raise CheckpointError(f"{spec}: module {module_name} has no callable {attr!r}")
+    made = factory()
+    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], TaskConfig)):
+        raise CheckpointError(f"{spec}: the factory must return (model, task): a model from probe.wrap and a "
+                              f"probe.tasks TaskConfig; it returned {type(made).__name__}")
+    model, task = made
+    if not isinstance(model, WrappedModel) and not hasattr(model, "blocks"):
+        raise CheckpointError(f"{spec}: the factory's model is a {type(model).__name__}: wrap it with "
+                              "probe.wrap(model, attention=[...], recurrent=[...]) first")
+    if model.task is None:
+        model.task = task
+    return FactoryCheckpoint(path=None, model_config=model.cfg, task_config=task, state_dict={}, model=model,
+                             spec=spec)

@@ -162,7 +162,7 @@ def check_paths(specs: Sequence[str]) -> None:
         if any(ch in spec for ch in "*?["):
             if not glob.glob(spec):
                 raise ProbeError(f"{spec}: pattern matches no file")
-        elif not os.path.exists(spec) and not is_factory_spec(spec):  # package.module:factory: probe.factory
+        elif not os.path.exists(spec) and not is_factory_spec(spec):  # package.module:factory: load_factory
             raise ProbeError(f"{spec}: no such file or directory")
 
 

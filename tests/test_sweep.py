@@ -415,7 +415,7 @@ def test_collect_runs_converts_losslessly_and_merges_a_grid_run_in_parts(local_s
             assert got.token_acc == r["token_acc"] and got.n_tokens == r["n_tokens"]  # bit for bit
             assert got.seq_acc == r["seq_acc"]
     assert (dst / RUNS).read_text().count("\n") == 4 and "\n " not in (dst / RUNS).read_text()  # no indentation
-    from probe.results import main as results_main
+    from probe.results.__main__ import main as results_main
 
     assert results_main(["collect", str(local), str(tmp_path / "other")]) == 0  # the CLI: the same conversion
     assert sorted(load_grid(tmp_path / "other").runs.run) == sorted(load_grid(local).runs.run)
