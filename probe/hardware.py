@@ -41,6 +41,25 @@ def cpu_has_native_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
+def device_name(device: torch.device) -> str:
+    """The device a run trains on, as its checkpoint records it: ``cuda (NVIDIA H200)``, ``cpu (Intel(R) Xeon(R)
+    Processor, native bf16)`` or ``cpu (..., no native bf16)``: enough to tell two runs' arithmetic apart."""
+    import torch
+
+    if device.type == "cuda":
+        return f"cuda ({torch.cuda.get_device_name(device)})"
+    if device.type == "cpu":
+        model = ""
+        try:
+            model = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                          if ln.startswith("model name")), "")
+        except OSError:
+            pass
+        bf16 = "native bf16" if cpu_has_native_bf16() else "no native bf16"
+        return f"cpu ({model + ', ' if model else ''}{bf16})"
+    return device.type
+
+
 def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` runs bf16 natively: a CPU with ``cpu_has_native_bf16``, or a CUDA GPU that supports bf16."""
     import torch

@@ -372,6 +372,10 @@ def test_quick_sweep_to_16x_says_what_it_reduced_and_reports_16x(tmp_path, capsy
     assert run.eval_samples == 32 and run.eval_lengths == "1:24,30:96:6"
     # the precision the run trained in, as this CPU resolved "auto", not the setting
     assert run.precision == precision_used("auto", torch.device("cpu"))[0]
+    # and the device it trained on, as its checkpoint records it (the worker's log line says only "cpu")
+    from probe.hardware import device_name
+
+    assert run.trained_on == device_name(torch.device("cpu")) and run.trained_on.startswith("cpu (")
     assert np.isfinite(run.state_acc_16x) and np.isfinite(run.state_seq_acc_16x)
     table = (out / "results.md").read_text()
     assert "16x (96)" in table and "seeds > 90 % at 16x" in table and "seq. acc. 16x" in table
@@ -538,7 +542,7 @@ def test_windows_reach_the_run_summaries_the_compact_form_and_the_report(local_s
     assert set(w.run) == set(grid.runs.run) and {"state", "recall", "state_mod2", "state_mod5"} <= set(w.subtask)
     run = grid.runs.set_index("run").loc["lstm/seed0"]
     row = w[(w.run == "lstm/seed0") & (w.subtask == "state") & (w.window == "(1x, 2x]")].iloc[0]
-    assert run["state_win_1x_2x"] == row.token_acc and row.chance == 0.1 and run["trained_on"] == "cpu"
+    assert run["state_win_1x_2x"] == row.token_acc and row.chance == 0.1 and run["trained_on"].startswith("cpu")
     from probe.results import write_grid
 
     write_grid(grid, tmp_path / "compact")

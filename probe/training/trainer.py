@@ -80,7 +80,8 @@ class Trainer:
             self.model, self.task, train_config=self.cfg.to_dict(), step=self.step,
             optimizer_state=self.optimizer.state_dict() if with_optimizer else None,
             metrics=self.metrics, extra={"schedule_state": self.schedule.state_dict(), "running": dict(self.running),
-                                         "precision_used": self.precision_used, KEY: state.to_dict()},
+                                         "precision_used": self.precision_used, KEY: state.to_dict(),
+                                         "device": hardware.device_name(self.device)},
         )
 
     def resume(self) -> bool:
@@ -96,6 +97,10 @@ class Trainer:
         before = ckpt.extra.get("precision_used")
         if before is not None and before != self.precision_used:
             print(f"note: {last} trained so far in {before}; this machine continues in {self.precision_used}",
+                  file=sys.stderr)
+        where = ckpt.extra.get("device")
+        if where is not None and where != hardware.device_name(self.device):
+            print(f"note: {last} trained so far on {where}; it continues on {hardware.device_name(self.device)}",
                   file=sys.stderr)
         self.model.load_state_dict(ckpt.state_dict)
         self.schedule.load_state_dict(ckpt.extra.get("schedule_state", {}))
