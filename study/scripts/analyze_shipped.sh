@@ -2,6 +2,7 @@
 # Rerun every analysis of the shipped checkpoints whose output README and docs quote: study/results/{gradients,
 # attributions,probes,shortcuts}/, figures/ and the executed notebooks. Run it after a file in checkpoints/ changes.
 # Each step is one of the commands the docs give; on this 2-core machine the whole script takes about 30 min of CPU.
+# Then study/scripts/compact_results.py trims study/results/ to what the docs quote.
 # Usage: study/scripts/analyze_shipped.sh [STEP ...]   (steps: gradients attributions probes shortcuts figures notebooks;
 # default all)
 set -euo pipefail
@@ -50,3 +51,5 @@ nbformat.write(nb, sys.argv[1])' "$nb"
     *) echo "unknown step $step (gradients attributions probes shortcuts figures notebooks)" >&2; exit 2 ;;
   esac
 done
+# what a command regenerates stays out of study/results/, and the rest in compact form (compact_results.py)
+$PY study/scripts/compact_results.py

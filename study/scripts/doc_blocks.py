@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from doc_format import grid_of as _grid
-from doc_format import mean_ci, pct, per_seed, results_dir
+from doc_format import mean_ci, pct, per_seed, read_envelope, results_dir
 from doc_format import p_text as _p
 from doc_format import runs_of as _runs
 from doc_format import table as _table
@@ -324,11 +324,10 @@ def precision(root: Path) -> str:
 
 def mechanism_shortcuts(root: Path) -> str:
     """Knock-out and sum-preserving tests of seeds 0 and 1 of the mechanism variants (``probe.shortcuts``)."""
-    import json
 
     rows = []
     for name in ("mechanism_seed01", "stopgrad_rnn_seed01", "stopgrad_nonrnn_seed01"):
-        results = json.loads((results_dir(root) / "mechanism" / "shortcuts" / f"{name}.json").read_text())["results"]
+        results = read_envelope(results_dir(root) / "mechanism" / "shortcuts" / f"{name}.json")["results"]
         for ckpt in dict.fromkeys(r["checkpoint"] for r in results if str(r["checkpoint"]).endswith(".pt")):
             mine = [r for r in results if r["checkpoint"] == ckpt]
 
@@ -348,9 +347,8 @@ def mechanism_shortcuts(root: Path) -> str:
 
 def sharpness(root: Path) -> str:
     """The recall head's attention mass on the queried value vs length, with and without log-length scaling."""
-    import json
 
-    rows = json.loads((results_dir(root) / "sharpness" / "results.json").read_text())["results"]
+    rows = read_envelope(results_dir(root) / "sharpness" / "results.json")["results"]
     out = []
     for label in dict.fromkeys(r["label"] for r in rows):
         mass = [r for r in rows if r["label"] == label and r["metric"] == "attention_mass" and r["target"] == "value"]
@@ -377,9 +375,8 @@ def _sharpness_of(path: Path) -> tuple[list[dict], dict, dict]:
     """A ``probe.sharpness`` results.json: its rows, recall accuracy per (checkpoint, length, scale), and the recall
     head's value-mass row per (checkpoint, length, scale), the recall head being each checkpoint's head with the
     largest mass on the value at L_train without a scale."""
-    import json
 
-    rows = json.loads(path.read_text())["results"]
+    rows = read_envelope(path)["results"]
     recall = {(r["checkpoint"], r["length"], r["scale"]): r["token_acc"] for r in rows
               if r["metric"] == "accuracy" and r["subtask"] == "recall"}
     value = [r for r in rows if r["metric"] == "attention_mass" and r["target"] == "value"]

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 
-from doc_format import results_dir
+from doc_format import read_envelope, results_dir
 
 Z = 2.0
 """|z| above which a first-order change counts as detected (the lookahead's own threshold)."""
@@ -22,7 +21,7 @@ ATTRIBUTION_FILES = ("final_shipped", "final_ig_L25_shipped")
 # --- shared helpers --------------------------------------------------------------------------------------------------
 @cache
 def _load(path: Path) -> dict:
-    return json.loads(path.read_text())
+    return read_envelope(path)
 
 
 def _json(root: Path, *parts: str) -> dict:

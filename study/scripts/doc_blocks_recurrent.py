@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 from doc_format import col as _col
 from doc_format import grid_of as _grid
-from doc_format import mean_ci, pct, per_seed, results_dir
+from doc_format import mean_ci, pct, per_seed, read_envelope, results_dir
 from doc_format import p_text as _p
 from doc_format import runs_of as _runs
 from doc_format import table as _table
@@ -219,9 +219,7 @@ def recurrent_shortcuts(root: Path) -> str:
     """study/docs/recurrent.md: shortcut tests of the complex SSM's joint and DAT hybrids (seed 0): the state accuracy
     each block's attention carries (knock-out drop with its 95 % interval) and the answers a sum-preserving
     perturbation of the last 3 numbers changes (an exact tracker changes none), by length."""
-    import json
-
-    data = json.loads((results_dir(root) / GRID / "analyses" / "shortcuts.json").read_text())
+    data = read_envelope(results_dir(root) / GRID / "analyses" / "shortcuts.json")
     res = pd.DataFrame(data["results"])
     res["schedule"] = res.checkpoint.map(_schedule_of)
     rows = []

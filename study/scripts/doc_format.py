@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,6 +29,20 @@ def mean_ci(values: Sequence[float]) -> str:
 
 def per_seed(values: Sequence[float]) -> str:
     return " / ".join(pct(v) for v in values)
+
+
+def rows_of(results: list[dict[str, Any]] | dict[str, Any]) -> list[dict[str, Any]]:
+    """An envelope's ``results`` as a list of rows: as an analysis writes them, or as tables of rows that share their
+    columns (``{"tables": [{"columns": [...], "rows": [[...], ...]}]}``, the form compact_results.py commits)."""
+    if isinstance(results, list):
+        return results
+    return [dict(zip(t["columns"], row, strict=True)) for t in results["tables"] for row in t["rows"]]
+
+
+def read_envelope(path: Path) -> dict[str, Any]:
+    """A JSON envelope (``{..., "results", "controls"}``) with its results as a list of dicts, in either form."""
+    obj = json.loads(Path(path).read_text())
+    return {**obj, "results": rows_of(obj.get("results", []))}
 
 
 def results_dir(root: Path) -> Path:

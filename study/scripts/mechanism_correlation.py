@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,9 @@ import pandas as pd
 from scipy.stats import permutation_test, spearmanr
 
 from probe.results import load_grid
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from doc_format import read_envelope  # noqa: E402  (beside this file)
 
 STUDY = Path(__file__).resolve().parent.parent
 EARLY = (250, 500, 750, 1000)
@@ -31,7 +35,7 @@ def per_seed() -> pd.DataFrame:
     finals = load_grid(STUDY / "results" / "mechanism").runs.set_index("run")
     for path in sorted((STUDY / "results" / "gradients").glob("mechanism_joint_seed*.json")):
         seed = int(path.stem.rsplit("seed", 1)[1])
-        frame = pd.DataFrame(json.loads(path.read_text())["results"])
+        frame = pd.DataFrame(read_envelope(path)["results"])
         early = frame[frame.step.isin(EARLY)]
         share = early[(early.analysis == "interference") & (early.block.astype(str) == "all") & (early.length == 25)]
         verdict = early[early.analysis == "lookahead_verdict"]
