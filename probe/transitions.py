@@ -9,7 +9,7 @@ a_t = exp(2 pi i k d / m) for number d (with modulus exactly 1, and the identity
 whose transitions have this form with k of order o = m / gcd(k, m) tracks the sum modulo o (k = 5 of m = 10: the
 parity; k = 2: Z_5; k = 1, 3, 7, 9: Z_10). ``positive`` transitions have phase 0 (they can only fade), ``negative``
 ones phase 0 or pi (order 2 at best: the theory's Z_2), ``complex`` ones any phase (Merrill et al. 2024; Grazzi et
-al. 2025; docs/recurrent.md).
+al. 2025).
 
 Per block, channel and stream token, from ``hook_a`` (and ``hook_theta``) on real sequences, this measures the mean
 modulus and the (circular) mean phase of the transition, then per channel the k that fits the number tokens' phases

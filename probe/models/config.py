@@ -25,7 +25,7 @@ class ModelConfig:
     as TransformerLens reads it (a config saved before this stores None and loads as the same model).
 
     ``rnn`` is the recurrent sublayer's cell in the ``lstm`` and ``hybrid`` families: ``lstm`` (the default, so a
-    config saved before the field existed loads as the model it was), ``gru`` or ``ssm`` (docs/recurrent.md). The
+    config saved before the field existed loads as the model it was), ``gru`` or ``ssm``. The
     SSM's ``ssm_range`` says where its transitions lie (``positive`` (0, 1), ``negative`` (-1, 1), ``complex``), and
     ``ssm_state`` is the number of real numbers in its state per layer (default d_model; complex keeps
     ``ssm_state / 2`` complex channels, so it must be even). The two are ignored by the other cells.
@@ -33,7 +33,8 @@ class ModelConfig:
     ``attn_scale`` multiplies every attention logit at a query that sees n keys: ``none`` (the default, so a config
     saved before the field existed loads as the model it was), ``log-length`` (by max(1, log n / log n_train), no
     parameter: a checkpoint trained without it can be evaluated with it) or ``ssmax`` (by s_h log n, a learned s per
-    head, Scalable-Softmax); docs/sharpness.md defines n and n_train.
+    head, Scalable-Softmax). n is the number of keys a query sees, n_train that of the last query of the longest
+    training sequence (the dictionary prefix + L_train).
     """
 
     family: str = "hybrid"

@@ -32,7 +32,7 @@ class Block(nn.Module):
     The recurrent sublayer exists for ``lstm`` and ``hybrid``, attention for ``transformer`` and ``hybrid``. It is
     ``blocks.{i}.lstm`` (with ``ln_lstm`` and ``hook_lstm_out``) whatever the cell (``cfg.rnn``): one name for the
     slot, as TransformerLens keeps ``attn`` for every attention variant, so hook names, cache keys, checkpoints and
-    every analysis read any cell the same way (docs/recurrent.md). ``attn_gate``
+    every analysis read any cell the same way (docs/hooks.md). ``attn_gate``
     is a buffer (0 = off, 1 = on, in between for ramps) that multiplies attention's output, so attention hooks fire
     and cache keys stay the same whatever the gate; ``hook_attn_out`` sees the gated output that joins the stream.
     ``attn_stopgrad`` (set by the trainer's ``stopgrad`` schedule) detaches the stream where it enters the attention

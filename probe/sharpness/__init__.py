@@ -3,7 +3,7 @@
 ``measure`` (per-query mass and gap, ``sharpness_curve``, ``attention_scale``), ``controls`` (the instrument check and
 controls), ``report`` (``analyze``: one checkpoint, controls included; ``summary_table``), ``plots``, ``cli``
 (``python -m probe.sharpness ckpt.pt``). Imports point one way: measure <- controls <- report <- plots <- cli.
-Method and results: docs/sharpness.md. Names are imported on first use.
+Names are imported on first use.
 """
 
 from probe.core.lazy import lazy_exports

@@ -4,8 +4,8 @@ One file per test family (``knockout``, ``sums``: sum-preserving, ``runs``: iden
 ``window``), the hand-built models that control them (``oracles``), the shared sequences and predictions
 (``sampling``), effect rows (``effects``), everything on one checkpoint (``report.analyze``), figures (``plots``) and
 the CLI (``cli``; ``python -m probe.shortcuts ckpt.pt``). Imports point one way: sampling, effects <- oracles <-
-tests <- report <- plots <- cli; gates, seeds, chance and intervals come from ``probe.core``. Method and results:
-docs/shortcuts.md. Names are imported on first use.
+tests <- report <- plots <- cli; gates, seeds, chance and intervals come from ``probe.core``. Names are imported on
+first use.
 """
 
 from probe.core.lazy import lazy_exports
