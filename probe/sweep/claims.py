@@ -33,7 +33,6 @@ whose fresh seeds overlap the seeds it was found on is refused before anything r
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,12 +43,7 @@ import pandas as pd
 from probe.core.stats import can_reject, clopper_pearson, holm, min_attainable_p, permutation_p
 from probe.core.tables import pipe_table
 from probe.errors import ProbeError
-from probe.sweep.config import SweepConfig, load_config
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - Python 3.10 installs tomli (pyproject)
-    import tomli as tomllib
+from probe.sweep.config import SweepConfig, load_config, read_toml
 
 _TOP = {"sweep", "alpha", "claim"}
 _CLAIM = {"id", "text", "variant", "found_on", "target", "below", "seeds_needed", "versus", "metric", "direction"}
@@ -97,13 +91,7 @@ def load_claims(path: str | Path) -> Claims:
     """Read and check a claims file: every claim names a variant of its sweep, a metric, a threshold or a
     comparison, and fresh seeds disjoint from the seeds it was found on."""
     path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            d = tomllib.load(f)
-    except FileNotFoundError:
-        raise ProbeError(f"{path}: no such claims file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ProbeError(f"{path}: not valid TOML ({e})") from None
+    d = read_toml(path, "claims file")
     unknown = set(d) - _TOP
     if unknown:
         raise ProbeError(f"{path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(_TOP))}")

@@ -196,18 +196,25 @@ def config_from_dict(d: dict[str, Any], source: str = "sweep config") -> SweepCo
     )
 
 
-def load_config(path: str | Path) -> SweepConfig:
-    """Read a sweep TOML (format: README, section Sweeps)."""
+def read_toml(path: str | Path, what: str = "sweep config") -> dict[str, Any]:
+    """A TOML file as a dict; a missing file, a directory or bad TOML is one line naming ``what`` it should be."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
-            d = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
-        raise ProbeError(f"{path}: no such sweep config") from None
+        raise ProbeError(f"{path}: no such {what}") from None
     except IsADirectoryError:
-        raise ProbeError(f"{path} is a directory; pass a .toml config (or the directory with --report)") from None
+        raise ProbeError(f"{path} is a directory; pass a .toml {what} (or, for a sweep, the directory with "
+                         "--report)") from None
     except tomllib.TOMLDecodeError as e:
         raise ProbeError(f"{path}: not valid TOML ({e})") from None
+
+
+def load_config(path: str | Path) -> SweepConfig:
+    """Read a sweep TOML (format: README, section Sweeps)."""
+    path = Path(path)
+    d = read_toml(path)
     return config_from_dict(d, str(path))
 
 
