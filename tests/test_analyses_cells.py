@@ -32,7 +32,8 @@ CELLS = {"lstm": {}, **{name: dict(fields) for name, fields in CELL_MODELS.items
 """Every cell the slot takes, with the model-config fields that choose it."""
 CARRIED = {"lstm": ["h", "c"], "gru": ["h"], "ssm-positive": ["h", "state"], "ssm-negative": ["h", "state"],
            "ssm-complex": ["h", "state"]}
-"""The recurrent state each cell carries, as its hook names (docs/recurrent.md, "Analyses")."""
+"""The recurrent state each cell carries, as its hook names (study/docs/recurrent.md, "Analyses and schedules on
+every cell")."""
 TASK = make_task("interleaved", train_length=6)
 
 

@@ -555,14 +555,15 @@ def test_fp32_recurrence_keeps_the_kernel_in_float32_under_bf16_autocast():
     assert (edited.float() - logits.float()).abs().max() > 1e-2
 
 
-# --- the hook reference in docs/hooks.md ------------------------------------------------------------------------
+# --- the hook reference in docs/guides/hooks.md -----------------------------------------------------------------------
 def documented_hooks() -> dict[str, str]:
-    """docs/hooks.md's table: hook name (``blocks.{i}.`` for a block's) -> documented shape, e.g. ``B, T, d``. In a
-    cell, a name after the first that starts with ``hook_`` is in the first's module; ``{a,b}`` lists alternatives."""
+    """docs/guides/hooks.md's table: hook name (``blocks.{i}.`` for a block's) -> documented shape, e.g.
+    ``B, T, d``. In a cell, a name after the first that starts with ``hook_`` is in the first's module; ``{a,b}``
+    lists alternatives."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).parents[1] / "docs" / "hooks.md").read_text()
+    text = (Path(__file__).parents[1] / "docs" / "guides" / "hooks.md").read_text()
     table: dict[str, str] = {}
     for cell, shape in re.findall(r"^\| (`[^|]+?) \| \(([^)]*)\) \|", text, flags=re.M):
         names = re.findall(r"`([^`]+)`", cell)
@@ -595,7 +596,7 @@ def test_docs_hook_table_is_the_models_hooks_with_their_shapes():
         assert set(cache.keys()) == set(model.hook_dict)
         for name, value in cache.items():
             template = re.sub(r"^blocks\.\d+\.", "blocks.{i}.", name)
-            assert template in table, f"{name} ({family}, {pos}, {cell}) is not in docs/hooks.md"
+            assert template in table, f"{name} ({family}, {pos}, {cell}) is not in docs/guides/hooks.md"
             documented = tuple(size[s.strip()] for s in table[template].split(","))
             assert tuple(value.shape) == documented, f"{name}: {tuple(value.shape)}, documented ({table[template]})"
             seen.add(template)

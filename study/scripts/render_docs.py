@@ -20,7 +20,7 @@ BLOCK = re.compile(r"(<!-- render:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /ren
 
 
 def documents(root: Path) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").glob("*.md")), *sorted((root / "study" / "docs").glob("*.md"))]
+    return [root / "README.md", *sorted((root / "docs").rglob("*.md")), *sorted((root / "study" / "docs").glob("*.md"))]
 
 
 def render_text(text: str, blocks: dict[str, Callable[[Path], str]], root: Path, where: str) -> str:

@@ -43,7 +43,7 @@ def test_readme_is_a_front_page():
     assert len(text.splitlines()) <= 180
 
 
-DOCUMENTS = [ROOT / "README.md", ROOT / "figures" / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+DOCUMENTS = [ROOT / "README.md", ROOT / "figures" / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
              *sorted((ROOT / "study").rglob("*.md"))]
 
 
