@@ -4,7 +4,6 @@ read with ``torch.load(weights_only=True)``, and validated with one-line errors 
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import json
 import os
@@ -12,7 +11,6 @@ import pickle
 import pickletools
 import re
 import struct
-import sys
 import tempfile
 import warnings
 import zipfile
@@ -27,7 +25,8 @@ import torch
 from probe import __version__
 from probe.core.specs import is_factory_spec
 from probe.errors import ProbeError
-from probe.models import HookedSequenceModel, ModelConfig
+from probe.external import AnyModelConfig, build_any, call_factory, model_config_from_dict
+from probe.models import ModelConfig
 from probe.tasks import TaskConfig, task_from_dict
 from probe.training import legacy
 from probe.training.config import TrainConfig
@@ -46,7 +45,7 @@ class Checkpoint:
     """The contents of one checkpoint file, configs already parsed."""
 
     path: Path | None
-    model_config: ModelConfig
+    model_config: AnyModelConfig
     task_config: TaskConfig
     state_dict: dict[str, torch.Tensor]
     train_config: dict[str, Any] = field(default_factory=dict)
@@ -98,6 +97,8 @@ class Checkpoint:
         schedule variant's name (``hybrid-joint``, ``hybrid-dat``, ``hybrid-stopgrad-rnn0``, ...); a recurrent cell
         other than the LSTM is named after the family, as the presets name it (``gru``, ``hybrid-ssm-complex-dat``)."""
         cfg = self.model_config
+        if not isinstance(cfg, ModelConfig):  # a wrapped model: hf-recurrentgemma-dat, my.module:factory-joint
+            return f"{cfg.name}-{self.variant or 'joint'}"
         family = cfg.family
         rnn = getattr(cfg, "rnn", "lstm")
         cell = "" if rnn == "lstm" or family == "transformer" else (
@@ -110,9 +111,13 @@ class Checkpoint:
     def seed(self) -> int | None:
         return self.train_config.get("seed")
 
-    def build_model(self, device: torch.device | str = "cpu") -> HookedSequenceModel:
-        """The model with these weights (gates included), in eval mode, knowing its task (``to_str_tokens``)."""
-        model = HookedSequenceModel(self.model_config, task=self.task_config)
+    def build_model(self, device: torch.device | str = "cpu") -> Any:
+        """The model with these weights (gates included), in eval mode, knowing its task (``to_str_tokens``): probe's
+        own, or a wrapped one rebuilt from its recorded transformers config or factory (``probe.external``)."""
+        try:
+            model = build_any(self.model_config, self.task_config)
+        except ProbeError as e:
+            raise CheckpointError(f"{self.name}: cannot rebuild its model: {e}") from None
         try:
             model.load_state_dict(self.state_dict)
         except RuntimeError as e:
@@ -379,7 +384,7 @@ def checkpoint_from_payload(obj: Any, path: Path | None = None) -> Checkpoint:
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise CheckpointError(f"{name}: damaged checkpoint (state_dict is not a dict of tensors); {_RECOPY}")
     try:
-        model_config = ModelConfig.from_dict(obj["model_config"])
+        model_config = model_config_from_dict(obj["model_config"])
         task_config = task_from_dict(obj["task_config"])
         step = int(obj.get("step", 0))
     except (ProbeError, TypeError, ValueError, AttributeError) as e:
@@ -399,9 +404,18 @@ def checkpoint_from_payload(obj: Any, path: Path | None = None) -> Checkpoint:
     )
 
 
-def checkpoint_from_model(model: HookedSequenceModel, task: TaskConfig, **fields: Any) -> Checkpoint:
-    """Wrap a live model (and optional train_config, step, optimizer_state, metrics) as a Checkpoint."""
-    return Checkpoint(path=None, model_config=model.cfg, task_config=task, state_dict=model.state_dict(), **fields)
+def checkpoint_from_model(model: Any, task: TaskConfig, model_config: AnyModelConfig | None = None,
+                          **fields: Any) -> Checkpoint:
+    """Wrap a live model (and optional train_config, step, optimizer_state, metrics) as a Checkpoint. A wrapped
+    model's checkpoint records what rebuilds it (``model_config``: an ``HFModelConfig`` or ``FactoryModelConfig``, by
+    default the one it was built from); one that records nothing is refused, since a checkpoint holds no code."""
+    cfg = model_config or getattr(model, "source_config", None) or model.cfg
+    if not isinstance(cfg, AnyModelConfig):
+        raise CheckpointError(
+            f"a {type(model).__name__} built by hand cannot be saved: a checkpoint is data and could not rebuild it; "
+            "build it from probe.external.HFModelConfig or FactoryModelConfig (python -m probe.train --model "
+            "package.module:factory), or pass model_config=")
+    return Checkpoint(path=None, model_config=cfg, task_config=task, state_dict=model.state_dict(), **fields)
 
 
 def resolve_checkpoints(specs: list[str], note: Callable[[str], None] | None = None) -> list[Path]:
@@ -464,28 +478,9 @@ def load_factory(spec: str) -> FactoryCheckpoint:
     """Import ``package.module``, call ``callable()`` and check that it returned ``(model, task)``: a wrapped model
     (``probe.wrap``, ``probe.wrap_hf``) or one of probe's, and a ``TaskConfig``. The current folder is importable,
     as for ``python -m``. Every failure is one line (``CheckpointError``)."""
-    from probe.wrapped import WrappedModel
-
-    module_name, _, attr = spec.partition(":")
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, "")
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise CheckpointError(f"{spec}: no such file, and module {module_name!r} cannot be imported ({e}); give a "
-                              "checkpoint path or package.module:factory") from None
-    factory = getattr(module, attr, None)
-    if not callable(factory):
-        raise CheckpointError(f"{spec}: module {module_name} has no callable {attr!r}")
-    made = factory()
-    if not (isinstance(made, tuple) and len(made) == 2 and isinstance(made[1], TaskConfig)):
-        raise CheckpointError(f"{spec}: the factory must return (model, task): a model from probe.wrap and a "
-                              f"probe.tasks TaskConfig; it returned {type(made).__name__}")
-    model, task = made
-    if not isinstance(model, WrappedModel) and not hasattr(model, "blocks"):
-        raise CheckpointError(f"{spec}: the factory's model is a {type(model).__name__}: wrap it with "
-                              "probe.wrap(model, attention=[...], recurrent=[...]) first")
-    if model.task is None:
-        model.task = task
+        model, task = call_factory(spec)
+    except ProbeError as e:
+        raise CheckpointError(f"no such file, and {e}") from None
     return FactoryCheckpoint(path=None, model_config=model.cfg, task_config=task, state_dict={}, model=model,
                              spec=spec)

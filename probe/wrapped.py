@@ -452,28 +452,38 @@ class WrappedModel(HookedRootModule):
             site.stopgrad = bool(value)
 
     @contextlib.contextmanager
-    def attention_detached(self) -> Iterator[None]:
-        """Within the block, attention's inputs are detached (``set_attention_stopgrad``); restored on exit."""
-        before = [s.stopgrad for s in self._attention_sites()]
-        self.set_attention_stopgrad(True)
+    def attention_detached(self, which: Sequence[int] | None = None) -> Iterator[None]:
+        """Within the block, the inputs of the ``which``-th named attention modules (None: every one) are detached
+        (``set_attention_stopgrad``; what a schedule's gradient cut acts through); restored on exit."""
+        sites = [s for i, s in enumerate(self._attention_sites()) if which is None or i in which]
+        before = [s.stopgrad for s in sites]
+        for site in sites:
+            site.stopgrad = True
         try:
             yield
         finally:
-            for site, v in zip(self._attention_sites(), before, strict=True):
+            for site, v in zip(sites, before, strict=True):
                 site.stopgrad = v
 
     def attention_parameters(self) -> list[nn.Parameter]:
         """Parameters of the named attention modules: what DAT holds back."""
         return list(dict.fromkeys(p for m in self.attention_modules for p in m.parameters()))
 
-    def recurrent_parameters(self) -> list[nn.Parameter]:
-        return list(dict.fromkeys(p for m in self.recurrent_modules for p in m.parameters()))
+    def recurrent_parameters(self, which: int | None = None) -> list[nn.Parameter]:
+        """Parameters of the named recurrent modules (with ``which``, the ``which``-th one's only): what a schedule's
+        recurrent cut and freeze act on."""
+        modules = self.recurrent_modules if which is None else self.recurrent_modules[which:which + 1]
+        return list(dict.fromkeys(p for m in modules for p in m.parameters()))
 
     def random_init(self, seed: int) -> WrappedModel:
         """A copy with every submodule's parameters re-initialised from ``seed`` (each module's own
         ``reset_parameters``; gates kept): the random-init control of the probes. A parameter that no submodule can
         reset (a bare ``nn.Parameter``) is drawn from N(0, 0.02^2)."""
-        other = copy.deepcopy(self)
+        # a module may keep a tensor of its last forward as a plain attribute (RecurrentGemma keeps its recurrent
+        # state and keys), which deepcopy refuses while it is part of a graph: the copy gets it detached
+        memo = {id(t): t.detach() for m in self.modules() for t in vars(m).values()
+                if isinstance(t, Tensor) and t.grad_fn is not None}
+        other = copy.deepcopy(self, memo)
         with torch.random.fork_rng(devices=[]), torch.no_grad():
             torch.manual_seed(seed)
             reset: set[int] = set()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from types import EllipsisType
 from typing import Any, Literal
 
@@ -356,6 +357,19 @@ class HookedSequenceModel(HookedRootModule):
         forward values do not change)."""
         for block in self.attention_blocks:
             block.attn_stopgrad = bool(value)
+
+    @contextlib.contextmanager
+    def attention_detached(self, blocks: Sequence[int] | None = None) -> Iterator[None]:
+        """Within the block the stream entering the attention of ``blocks`` (None: every block) is detached (what a
+        schedule's gradient cut acts through); restored on exit."""
+        chosen = [b for i, b in enumerate(self.blocks) if hasattr(b, "attn") and (blocks is None or i in blocks)]
+        for b in chosen:
+            b.attn_stopgrad = True
+        try:
+            yield
+        finally:
+            for b in chosen:
+                b.attn_stopgrad = False
 
     def recurrent_parameters(self, block: int | None = None) -> list[nn.Parameter]:
         """Parameters of the recurrent sublayers (any cell, and their pre-LN): what ``freeze_recurrent_after_switch``

@@ -13,6 +13,8 @@ import torch
 from probe.checkpoint import Checkpoint, load_checkpoint
 from probe.cli import add_common_args, make_parser, resolve_device, run_cli
 from probe.errors import ProbeError
+from probe.external import FactoryModelConfig
+from probe.tasks import TaskConfig
 from probe.training.config import TrainConfig
 from probe.training.overrides import build_configs, override_configs
 from probe.training.presets import PRESETS
@@ -20,6 +22,9 @@ from probe.training.trainer import check_out, config_diff, train
 
 EPILOG = """\
 Example: python -m probe.train --preset hybrid-dat --seed 0 --out runs/hybrid-dat/seed0
+Your own hybrid: python -m probe.train --model my_hybrid:factory --preset hybrid-dat --out runs/mine (the factory
+returns a probe.wrap'ed model and its task; the preset gives the training and the schedule). The transformers
+hybrids: --preset hf-recurrentgemma-dat (or hf-jamba-*, hf-falcon-h1-*; docs/your-own-hybrid.md).
 
 A run directory holds last.pt (with optimizer state, for --resume), final.pt (weights only, what is shipped),
 metrics.jsonl (one JSON object per evaluation) and trajectory/step_XXXXXX.pt snapshots. Configs, presets, the --set
@@ -31,6 +36,9 @@ or a number with a decimal point a fraction of the run (50%, 0.5; 1.0 is the who
 def main(argv: list[str] | None = None) -> int:
     parser = make_parser("python -m probe.train", __doc__ or "", EPILOG)
     parser.add_argument("--preset", default=None, help=f"one of {', '.join(PRESETS)} (default hybrid-dat)")
+    parser.add_argument("--model", default=None, metavar="PACKAGE.MODULE:FACTORY",
+                        help="train your own wrapped model: a callable returning (probe.wrap(...), task); the "
+                             "checkpoint records the spec, and reading it calls the factory again")
     parser.add_argument("--task", default=None, help="modsum, recall, interleaved (default) or coupled")
     parser.add_argument("--steps", type=int, help="override the preset's number of steps")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
@@ -51,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         model_cfg, task_cfg, train_cfg = build_configs(
             args.preset or "hybrid-dat", args.task or "interleaved", args.overrides, steps=args.steps,
             seed=0 if args.seed is None else args.seed)
+        if args.model:
+            model_cfg, task_cfg = _factory_model(args)
         final = train(model_cfg, task_cfg, train_cfg, args.out, device, progress=not args.no_progress)
         print(json.dumps({"out": str(args.out), **final.metrics}), file=sys.stdout)
         return {}
@@ -82,6 +92,18 @@ def main(argv: list[str] | None = None) -> int:
         return {}
 
     return run_cli(parser, run, argv, emits_json=False)
+
+
+def _factory_model(args: argparse.Namespace) -> tuple[FactoryModelConfig, TaskConfig]:
+    """``--model package.module:factory``: the factory's model and task replace the preset's."""
+    given = [o for o in args.overrides if o.startswith(("model.", "task."))]
+    if given or args.task:
+        raise ProbeError(f"--model {args.model}: the factory makes the model and names its task; drop "
+                         f"{'--task' if args.task else '--set ' + given[0]} (change them in the factory)")
+    try:
+        return FactoryModelConfig.of(args.model)
+    except ProbeError as e:
+        raise ProbeError(f"--model {e}") from None
 
 
 def _preset_of(ckpt: Checkpoint) -> str:

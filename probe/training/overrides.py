@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from probe.errors import ProbeError
-from probe.models import ModelConfig
+from probe.external import AnyModelConfig, model_config_class, model_config_from_dict
 from probe.tasks import TaskConfig, make_task, task_from_dict
 from probe.training import legacy
 from probe.training.config import TrainConfig
@@ -95,7 +95,8 @@ def apply_overrides(sections: dict[str, dict[str, Any]], overrides: list[str], w
             given[_set_schedule(sections["schedule"], name, value)] = item
             continue
         if section != "task":  # task fields differ per task and are checked by the task's own dataclass
-            _check_type(section, {"model": ModelConfig, "train": TrainConfig}[section], name, value)
+            model_class = model_config_class(sections["model"].get("family"))
+            _check_type(section, {"model": model_class, "train": TrainConfig}[section], name, value)
         sections[section][name] = value
     sched = sections["schedule"]
     for name in unused_settings(sched):
@@ -106,7 +107,7 @@ def apply_overrides(sections: dict[str, dict[str, Any]], overrides: list[str], w
 
 
 def build_configs(preset: str, task: str = "interleaved", overrides: list[str] | None = None,
-                  **train_overrides: Any) -> tuple[ModelConfig, TaskConfig, TrainConfig]:
+                  **train_overrides: Any) -> tuple[AnyModelConfig, TaskConfig, TrainConfig]:
     """Configs of a preset, with ``section.field=value`` overrides (sections: model, task, train, schedule)."""
     if preset not in PRESETS:
         raise ProbeError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
@@ -120,7 +121,8 @@ def build_configs(preset: str, task: str = "interleaved", overrides: list[str] |
     sections["train"].update({k: v for k, v in train_overrides.items() if v is not None})
     try:
         task_cfg = make_task(task, **sections["task"])
-        model_cfg = ModelConfig(vocab_size=task_cfg.vocab_size, **sections["model"])
+        model_class = model_config_class(sections["model"].get("family"))
+        model_cfg = model_class(vocab_size=task_cfg.vocab_size, **sections["model"])
         train_cfg = TrainConfig(schedule=schedule, **sections["train"])
     except TypeError as e:
         raise ProbeError(f"preset {preset}: {e}") from None
@@ -131,8 +133,8 @@ def build_configs(preset: str, task: str = "interleaved", overrides: list[str] |
     return model_cfg, task_cfg, train_cfg
 
 
-def override_configs(model_cfg: ModelConfig, task_cfg: TaskConfig, train_cfg: TrainConfig,
-                     overrides: list[str]) -> tuple[ModelConfig, TaskConfig, TrainConfig]:
+def override_configs(model_cfg: AnyModelConfig, task_cfg: TaskConfig, train_cfg: TrainConfig,
+                     overrides: list[str]) -> tuple[AnyModelConfig, TaskConfig, TrainConfig]:
     """Given configs (a checkpoint's) with ``section.field=value`` overrides applied, by the same grammar."""
     train = dict(train_cfg.to_dict())
     train.pop("schedule")
@@ -141,7 +143,7 @@ def override_configs(model_cfg: ModelConfig, task_cfg: TaskConfig, train_cfg: Tr
                 "schedule": {f.name: getattr(schedule, f.name) for f in dataclasses.fields(schedule)}}
     schedule = apply_overrides(sections, overrides)
     task_new = task_from_dict(sections["task"])
-    model_new = ModelConfig.from_dict(sections["model"])
+    model_new = model_config_from_dict(sections["model"])
     check_fits_model(schedule, model_new)
     return model_new, task_new, TrainConfig(schedule=schedule, **sections["train"])
 

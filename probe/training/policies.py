@@ -4,13 +4,17 @@ some parameters. The live schedule (``schedule.Schedule.gradient_policy``) picks
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
     from probe.models import HookedSequenceModel
+    from probe.wrapped import WrappedModel
+
+    Trainable = HookedSequenceModel | WrappedModel
+    """What the trainer trains: probe's own model, or a wrapped one (the same gate, cut and parameter methods)."""
 
 LossFn = Callable[[], "tuple[Tensor, Tensor]"]
 """Runs the model's forward on the step's batch and returns ``(logits, loss)``."""
@@ -20,7 +24,7 @@ class GradientPolicy:
     """Takes one step's gradient: runs ``loss_fn`` and leaves the gradient in each parameter's ``.grad`` (which the
     caller has zeroed). Returns ``(logits, loss)`` of the forward the step reports."""
 
-    def backward(self, model: HookedSequenceModel, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
+    def backward(self, model: Trainable, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
         logits, loss = loss_fn()
         loss.backward()
         return logits, loss
@@ -29,17 +33,10 @@ class GradientPolicy:
 PLAIN = GradientPolicy()
 
 
-@contextmanager
-def _detached(model: HookedSequenceModel, blocks: tuple[int, ...] | None) -> Iterator[None]:
-    """Within the block the stream entering the attention of ``blocks`` (None: every block) is detached."""
-    chosen = [b for i, b in enumerate(model.blocks) if hasattr(b, "attn") and (blocks is None or i in blocks)]
-    for b in chosen:
-        b.attn_stopgrad = True
-    try:
-        yield
-    finally:
-        for b in chosen:
-            b.attn_stopgrad = False
+def _detached(model: Trainable, blocks: tuple[int, ...] | None) -> AbstractContextManager[None]:
+    """Within the block the stream entering the attention of ``blocks`` (None: every block; on a wrapped model, the
+    inputs of the ``blocks``-th named attention modules) is detached: the model's own ``attention_detached``."""
+    return model.attention_detached(blocks)
 
 
 class DetachAttention(GradientPolicy):
@@ -49,7 +46,7 @@ class DetachAttention(GradientPolicy):
     def __init__(self, blocks: tuple[int, ...] | None = None) -> None:
         self.blocks = blocks
 
-    def backward(self, model: HookedSequenceModel, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
+    def backward(self, model: Trainable, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
         with _detached(model, self.blocks):
             return super().backward(model, loss_fn)
 
@@ -104,14 +101,14 @@ class SplitCut(GradientPolicy):
     def __init__(self, side: str, block: int | None = None, through: tuple[int, ...] | None = None) -> None:
         self.side, self.block, self.through = side, block, through
 
-    def parameters(self, model: HookedSequenceModel) -> list[nn.Parameter]:
+    def parameters(self, model: Trainable) -> list[nn.Parameter]:
         """The parameters whose gradient avoids attention."""
         if self.side == "recurrent":
             return model.recurrent_parameters(self.block)
         rec = {id(p) for p in model.recurrent_parameters()}
         return [p for p in model.parameters() if id(p) not in rec]
 
-    def backward(self, model: HookedSequenceModel, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
+    def backward(self, model: Trainable, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
         import torch
 
         params = self.parameters(model)
@@ -140,7 +137,7 @@ class InitialAttentionPath(GradientPolicy):
     def __init__(self, block: int | None, through: tuple[int, ...] | None, initial: dict[str, Tensor]) -> None:
         self.block, self.through, self.initial = block, through, initial
 
-    def backward(self, model: HookedSequenceModel, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
+    def backward(self, model: Trainable, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
         params = [p for p in model.recurrent_parameters(self.block) if p.requires_grad]
         if not params:
             return super().backward(model, loss_fn)
@@ -170,7 +167,7 @@ class MlpPlacebo(GradientPolicy):
     def __init__(self, block: int | None) -> None:
         self.block = block
 
-    def backward(self, model: HookedSequenceModel, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
+    def backward(self, model: Trainable, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
         import torch
 
         params = [p for p in model.recurrent_parameters(self.block) if p.requires_grad]

@@ -63,3 +63,12 @@ PRESETS.update({f"hybrid-4block-{s}": dict(PRESETS[f"hybrid-{s}"], model=dict(PR
 # kept DAT's counter exact at 16x on the seeds where it drifts, while the 4-block joint hybrid held both subtasks
 # >= 99 % at 4x and >= 95 % at 16x in all 5 seeds of the depth grid; seeds 5-9 were then run as its test.
 PRESETS["hybrid-recipe"] = PRESETS["hybrid-4block-joint"]
+
+# The transformers library's hybrids (probe.external.HF_ARCHS: RecurrentGemma's RG-LRU beside local attention, Jamba's
+# Mamba then attention, Falcon-H1's Mamba-2 beside attention), built from a config and wrapped by probe.wrap_hf, at
+# the width, depth and training of the 2-block hybrid, jointly and with DAT: hf-recurrentgemma-joint,
+# hf-jamba-dat, ... Their pure-PyTorch scans make a step several times dearer than the hybrid's
+# (benchmarks/hf_train_step.py); study/sweeps/hf.toml says what it shrank to train them on one core.
+PRESETS.update({f"hf-{arch}-{s}": dict(PRESETS[f"hybrid-{s}"], model=dict(family="hf", arch=arch, d_model=128,
+                                                                          n_layers=2, n_heads=4))
+                for arch in ("recurrentgemma", "jamba", "falcon-h1") for s in ("joint", "dat")})

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from probe.models import HookedSequenceModel
+    from probe.wrapped import WrappedModel
 
 
 class Schedule:
@@ -98,6 +99,9 @@ class Schedule:
         """Refuse, before any training, a schedule that does nothing on this model or a cut that names blocks the
         model does not have."""
         check_fits_model(self.cfg, model.cfg)
+        if not hasattr(model, "blocks"):
+            self._check_wrapped(model)
+            return
         n = len(model.blocks)
         block = self.cfg.cut_block
         if block is not None and not (block < n and model.recurrent_parameters(block)):
@@ -106,6 +110,23 @@ class Schedule:
         for b in self.cfg.cut_through or ():
             if not (b < n and hasattr(model.blocks[b], "attn")):
                 raise ProbeError(f"schedule.cut_through: the model has no attention in block {b} ({n} blocks)")
+
+    def _check_wrapped(self, model: WrappedModel) -> None:
+        """On a wrapped model a cut acts through its named modules: ``cut_block`` is the i-th named recurrent module,
+        ``cut_through`` the i-th named attention module. The cuts that need probe's own blocks (an MLP placebo, the
+        path through attention's initial weights, which reads each block's pre-LN) are refused."""
+        if self.cfg.cut_mode in ("initial-attention", "mlp-placebo"):
+            raise ProbeError(f"schedule {self.cfg.name}: the {self.cfg.cut_mode} cut needs probe's own blocks (their "
+                             "MLPs and pre-LayerNorms); a wrapped model trains joint, dat, ramp, frozen, adaptive and "
+                             "the stopgrad cuts")
+        n_rec, n_att = len(model.recurrent_names), len(model.attention_names)
+        if self.cfg.cut_block is not None and self.cfg.cut_block >= n_rec:
+            raise ProbeError(f"schedule {self.cfg.name}: the model has {n_rec} named recurrent module(s), no "
+                             f"number {self.cfg.cut_block} (schedule.cut_block counts them from 0)")
+        for b in self.cfg.cut_through or ():
+            if b >= n_att:
+                raise ProbeError(f"schedule.cut_through: the model has {n_att} named attention module(s), no number "
+                                 f"{b} (it counts them from 0)")
 
     def observe(self, step: int, state_accuracy: float) -> bool:
         """Feed a validation accuracy (adaptive only). Returns True if this observation switches attention on."""

@@ -18,7 +18,8 @@ from probe.checkpoint import Checkpoint, checkpoint_from_model, load_checkpoint,
 from probe.core.progress import progress_bar
 from probe.errors import ProbeError
 from probe.evaluate import accuracy_at_length
-from probe.models import HookedSequenceModel, ModelConfig
+from probe.external import AnyModelConfig, build_any
+from probe.models import ModelConfig
 from probe.tasks import IGNORE_INDEX, Batch, TaskConfig
 from probe.training.batches import train_batch_seed, training_batch
 from probe.training.config import TrainConfig, lr_at
@@ -27,9 +28,13 @@ from probe.training.state import KEY, state_at
 
 
 class Trainer:
-    """One run: model, optimizer, schedule; ``run()`` trains to ``cfg.steps`` writing checkpoints as it goes."""
+    """One run: model, optimizer, schedule; ``run()`` trains to ``cfg.steps`` writing checkpoints as it goes.
 
-    def __init__(self, model_cfg: ModelConfig, task: TaskConfig, cfg: TrainConfig, out: str | Path,
+    The model is probe's own (a ``ModelConfig``) or a wrapped one (``probe.external``: a transformers hybrid or a
+    ``package.module:factory``); the loop asks either for the same few things: its attention gates
+    (``set_attention_gate``), ``attention_parameters``, ``recurrent_parameters`` and ``attention_detached``."""
+
+    def __init__(self, model_cfg: AnyModelConfig, task: TaskConfig, cfg: TrainConfig, out: str | Path,
                  device: str | torch.device = "cpu", progress: bool = True) -> None:
         self.model_cfg, self.task, self.cfg = model_cfg, task, cfg
         self.out = Path(out)
@@ -40,6 +45,9 @@ class Trainer:
         if cfg.compile:
             hardware.check_compile(self.device)
         self.precision_used, note = hardware.precision_used(cfg.precision, self.device)
+        if self.precision_used == "bf16+fp32-recurrence" and not isinstance(model_cfg, ModelConfig):
+            raise ProbeError(f"{model_cfg.name}: bf16 on this CPU needs the recurrence kept in fp32, which only "
+                             "probe's own cells can do; train it with --set train.precision=fp32")
         if note and (progress or self.precision_used == "bf16+fp32-recurrence"):
             print(note, file=sys.stderr)
         if self.device.type == "cuda" and self.precision_used == "fp32":
@@ -47,12 +55,13 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
         torch.manual_seed(cfg.seed)
-        self.model = HookedSequenceModel(model_cfg).to(self.device)
+        self.model = build_any(model_cfg, task).to(self.device)
         self.schedule.check_model(self.model)
         # before --resume loads later weights: the model is still as the seed built it
         self.schedule.remember_initial(self.model)
         # the recurrent sublayers then run with autocast off: the one kernel without an emulated bf16 version
-        self.model.set_fp32_recurrence(self.precision_used == "bf16+fp32-recurrence")
+        if isinstance(model_cfg, ModelConfig):
+            self.model.set_fp32_recurrence(self.precision_used == "bf16+fp32-recurrence")
         self.optimizer = hardware.adamw(list(self.model.parameters()), cfg.optimizer_impl, self.device, lr=cfg.lr,
                                         weight_decay=cfg.weight_decay)
         # compile the forward only; hooks, gates and checkpoints keep working on self.model
@@ -77,7 +86,7 @@ class Trainer:
         attention block, the learning rate and the batch's seed, which analyses read instead of rebuilding them."""
         state = state_at(self.schedule, self.cfg, self.step, len(self.model.attention_gates()))
         return checkpoint_from_model(
-            self.model, self.task, train_config=self.cfg.to_dict(), step=self.step,
+            self.model, self.task, model_config=self.model_cfg, train_config=self.cfg.to_dict(), step=self.step,
             optimizer_state=self.optimizer.state_dict() if with_optimizer else None,
             metrics=self.metrics, extra={"schedule_state": self.schedule.state_dict(), "running": dict(self.running),
                                          "precision_used": self.precision_used, KEY: state.to_dict(),
@@ -232,7 +241,7 @@ class Trainer:
         return final
 
 
-def config_diff(ckpt: Checkpoint, model_cfg: ModelConfig, task: TaskConfig, cfg: TrainConfig) -> str | None:
+def config_diff(ckpt: Checkpoint, model_cfg: AnyModelConfig, task: TaskConfig, cfg: TrainConfig) -> str | None:
     """The first field on which a checkpoint's configs and the given ones differ, as ``section.field: a != b``.
     Schedules are compared by the steps they act at, so a switch at 4/9 of 4500 steps matches one at step 2000."""
     old_train = TrainConfig.from_dict(ckpt.train_config).resolved().to_dict()
@@ -257,7 +266,7 @@ def check_out(out: str | Path) -> None:
                              f"--out names a run directory")
 
 
-def train(model_cfg: ModelConfig, task: TaskConfig, cfg: TrainConfig, out: str | Path,
+def train(model_cfg: AnyModelConfig, task: TaskConfig, cfg: TrainConfig, out: str | Path,
           device: str | torch.device = "cpu", resume: bool = False, progress: bool = True,
           until: int | None = None) -> Checkpoint:
     """Train one run into ``out``. With ``resume``, continue from ``out/last.pt`` (which must exist); with
