@@ -42,7 +42,7 @@ def _jamba(d: int, n_layers: int, n_heads: int, vocab: int) -> dict[str, Any]:
                 num_hidden_layers=n_layers, num_attention_heads=n_heads, num_key_value_heads=n_heads,
                 attn_layer_period=2, attn_layer_offset=1, num_experts=1, num_experts_per_tok=1,
                 expert_layer_period=1, expert_layer_offset=0, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
-                mamba_dt_rank=max(1, d // 16), use_mamba_kernels=False)
+                mamba_dt_rank=max(1, d // 16))
 
 
 def _falcon_h1(d: int, n_layers: int, n_heads: int, vocab: int) -> dict[str, Any]:
