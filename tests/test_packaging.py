@@ -56,3 +56,18 @@ def test_licence_is_shipped_and_declared():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
     assert project["license"] == "MIT" and project["authors"]
+
+
+def test_the_distribution_has_its_own_name_and_the_import_name_stays_probe():
+    # "probe" is another project's on the package index; `pip install probe` would install that one
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["name"] == "probe-hybrids"
+    assert pyproject["tool"]["setuptools"]["packages"]["find"]["include"] == ["probe*"]
+
+
+def test_project_urls_are_absolute_and_the_changelog_has_this_version():
+    from probe import __version__
+
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls and all(re.match(r"https://\S+$", u) for u in urls.values()), urls
+    assert re.search(rf"^## \[{re.escape(__version__)}\]", (ROOT / "CHANGELOG.md").read_text(), re.M)
