@@ -7,8 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from doc_format import (
+    can_reach,
+    descriptive,
+    mean_ci,
+    min_adjusted_text,
+    pct,
+    per_seed,
+    read_envelope,
+    results_dir,
+)
 from doc_format import grid_of as _grid
-from doc_format import mean_ci, pct, per_seed, read_envelope, results_dir
 from doc_format import p_text as _p
 from doc_format import runs_of as _runs
 from doc_format import table as _table
@@ -143,6 +152,21 @@ def _pairs_once(cmp: pd.DataFrame) -> list:
     return rows
 
 
+def family_caption(cmp: pd.DataFrame, what: str) -> str:
+    """One line naming a comparison table's Holm family, its size and the smallest adjusted p each of its designs can
+    reach (the family size times the design's smallest exact p)."""
+    k = int(cmp.n_tests.iloc[0])
+    designs = sorted({(int(r.n_seeds), int(r.n_seeds_baseline)) for r in cmp.itertuples()},
+                     key=lambda d: (d[0] * d[1], d))
+    parts = [f"{n} vs {m} seeds {min_adjusted_text('seeds', n, m, k)}" for n, m in designs]
+    return (f"Holm family: {what}, {k} distinct tests (a pair met twice counts once); smallest attainable "
+            "adjusted p by design: " + "; ".join(parts) + ".")
+
+
+def _min_adj(r, k: int) -> str:
+    return min_adjusted_text("seeds", int(r.n_seeds), int(r.n_seeds_baseline), k)
+
+
 def mechanism_holm(root: Path) -> str:
     """Which comparisons of the mechanism table survive Holm's adjustment at the seed counts committed now."""
     _, cmp = _mechanism_comparisons(root)
@@ -156,10 +180,14 @@ def mechanism_holm(root: Path) -> str:
                 f"{r.n_seeds_baseline} seeds, Holm p {_p(r.p_holm)})")
 
     n = int(cmp.n_tests.iloc[0])
-    lines = [f"Of the {n} comparisons, significant after Holm's adjustment (p < {alpha}): "
+    lines = [f"Of the {n} comparisons (a Holm family of {n}; its smallest attainable adjusted p is "
+             + ", ".join(sorted({f"{min_adjusted_text('seeds', r.n_seeds, r.n_seeds_baseline, n)} at {r.n_seeds} vs "
+                                 f"{r.n_seeds_baseline} seeds" for r in rows}))
+             + f"), significant after Holm's adjustment (p < {alpha}): "
              + ("; ".join(name(r) for r in sig) if sig else "none") + "."]
     if raw:
-        lines.append(f"Below {alpha} before the adjustment only: " + "; ".join(name(r) for r in raw) + ".")
+        lines.append(f"Below {alpha} before the adjustment only (same family of {n}): "
+                     + "; ".join(name(r) for r in raw) + ".")
     return "\n".join(lines)
 
 
@@ -243,9 +271,11 @@ def mechanism_compare(root: Path) -> str:
     for r in cmp.itertuples():
         rows.append([r.variant, r.baseline, f"{r.n_seeds} vs {r.n_seeds_baseline}",
                      f"{100 * r.difference:+.1f} [{100 * r.difference_ci_low:+.1f}, {100 * r.difference_ci_high:+.1f}]",
-                     _p(r.p_permutation), _p(r.p_min_attainable), _p(r.p_holm), r.verdict])
-    return _table(["variant", "baseline", "seeds", "difference [95 % Welch CI]", "p", "min. p", "Holm p", "verdict"],
-                  rows)
+                     _p(r.p_permutation), _min_adj(r, int(r.n_tests)), _p(r.p_holm), r.verdict])
+    k = int(cmp.n_tests.iloc[0])
+    return (family_caption(cmp, "every comparison of this table") + "\n\n"
+            + _table(["variant", "baseline", "seeds", "difference [95 % Welch CI]", "p", "min. adj. p",
+                      f"Holm p (over {k})", "verdict"], rows))
 
 
 def _focused(root: Path, variants: list[str], baselines: list[str]) -> str:
@@ -268,9 +298,11 @@ def _focused(root: Path, variants: list[str], baselines: list[str]) -> str:
     cmp = compare(grid.curves[grid.curves.variant.isin(tested)], baselines)
     rows = [[f"`{r.variant}` vs `{r.baseline}`", f"{r.n_seeds} vs {r.n_seeds_baseline}",
              f"{100 * r.difference:+.1f} [{100 * r.difference_ci_low:+.1f}, {100 * r.difference_ci_high:+.1f}]",
-             _p(r.p_permutation), _p(r.p_min_attainable), _p(r.p_holm), r.verdict] for r in _pairs_once(cmp)]
-    return out + "\n\n" + _table(["comparison", "seeds", "difference [95 % Welch CI]", "p", "min. p",
-                                    f"Holm p (over {len(rows)})", "verdict"], rows)
+             _p(r.p_permutation), _min_adj(r, int(r.n_tests)), _p(r.p_holm), r.verdict] for r in _pairs_once(cmp)]
+    k = int(cmp.n_tests.iloc[0])
+    return (out + "\n\n" + family_caption(cmp, "this question's own comparisons") + "\n\n"
+            + _table(["comparison", "seeds", "difference [95 % Welch CI]", "p", "min. adj. p", f"Holm p (over {k})",
+                      "verdict"], rows))
 
 
 def mechanism_blocks(root: Path) -> str:
@@ -305,10 +337,21 @@ def switch(root: Path) -> str:
                    "95 % upper bound on the failure rate", "lowest recall at 3x"], rows)
 
 
+def _paired_test(d: np.ndarray, family: int) -> str:
+    """A sign-flip test of paired differences only where its design can reach adjusted p < 0.05 in its family (each
+    row its own test; Bonferroni, which Holm's smallest adjusted p equals); else why none was run."""
+    n = int(np.count_nonzero(d))  # a zero difference has no sign to flip
+    if not can_reach("pairs", n, family=family):
+        return descriptive("pairs", n, family=family)
+    return (f"sign-flip p {_p(sign_flip_p(d))}, Bonferroni over {family} {_p(min(1.0, family * sign_flip_p(d)))} "
+            f"(smallest attainable {min_adjusted_text('pairs', n, family=family)})")
+
+
 def precision(root: Path) -> str:
     fp32, bf16 = _grid(root, "precision"), _grid(root, "mechanism")
     rows = []
-    for v in ("joint", "dat"):
+    variants = ("joint", "dat")
+    for v in variants:
         a = _runs(fp32, f"{v}-fp32").set_index("seed").state_acc_3x
         b = _runs(bf16, v).set_index("seed").state_acc_3x
         seeds = sorted(set(a.index) & set(b.index))
@@ -316,10 +359,10 @@ def precision(root: Path) -> str:
         iv = paired_interval(b.loc[seeds].to_numpy(), a.loc[seeds].to_numpy())
         rho = sps.spearmanr(a.loc[seeds], b.loc[seeds]).statistic
         rows.append([v, len(seeds), per_seed(a.loc[seeds]), per_seed(b.loc[seeds]),
-                     f"{100 * d.mean():+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]", _p(sign_flip_p(d)),
-                     f"{rho:.2f}"])
+                     f"{100 * d.mean():+.1f} [{100 * iv.low:+.1f}, {100 * iv.high:+.1f}]", f"{rho:.2f}",
+                     _paired_test(d, len(variants))])
     return _table(["variant", "pairs", "fp32, each seed", "bf16 + fused AdamW, each seed",
-                   "bf16 − fp32 [95 % t-CI]", "sign-flip p", "Spearman"], rows)
+                   "bf16 − fp32 [95 % t-CI]", "Spearman", "test"], rows)
 
 
 def mechanism_shortcuts(root: Path) -> str:

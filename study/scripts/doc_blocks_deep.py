@@ -5,12 +5,24 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+from doc_format import (
+    can_reach,
+    descriptive,
+    grid_of,
+    mean_ci,
+    min_adjusted_text,
+    p_text,
+    pct,
+    per_seed,
+    results_dir,
+    runs_of,
+)
 from doc_format import col as _col
-from doc_format import grid_of, mean_ci, p_text, pct, per_seed, results_dir, runs_of
 from doc_format import table as _table
 
-from probe.core.stats import permutation_p, permutation_p_min, welch_interval
+from probe.core.stats import holm, permutation_p, welch_interval
 
 DEEP_CLIFF, SOLVED = 0.5, 0.95
 """The search's target (issue: the paper's regime): the joint hybrid below DEEP_CLIFF at 3x in at least 4 of 5
@@ -27,7 +39,8 @@ def _count(values: pd.Series, test) -> str:
 def deep(root: Path) -> str:
     """Per variant, 4 blocks beside the same seeds of the 2-block grid: state accuracy at 3x and 16x per seed, the
     seeds below the deep-cliff mark and above the solved mark, recall at 16x, and depth's effect at 3x (Welch
-    interval, exact permutation p over seeds; one pre-specified test per schedule, no adjustment across the two)."""
+    interval, exact permutation p over seeds, one pre-specified test per schedule, Holm over the two: a test is run
+    only where its seeds can reach adjusted p < 0.05 in that family of two)."""
     if not (results_dir(root) / "deep").is_dir():
         return "No run of `study/sweeps/deep.toml` is committed yet."
     deep_grid, two = grid_of(root, "deep"), grid_of(root, "mechanism")
@@ -46,17 +59,33 @@ def deep(root: Path) -> str:
                          per_seed(at16) if at16.notna().any() else "not evaluated",
                          pct(_col(r, "recall_acc_16x").min())])
         if len(r4) >= 2 and len(r2) >= 2:
-            a, b = r4.state_acc_3x.to_numpy(), r2.state_acc_3x.to_numpy()
-            diff = welch_interval(a, b)
-            tests.append(f"`{variant}` − `{base}` at 3x: {100 * diff.estimate:+.1f} [{100 * diff.low:+.1f}, "
-                         f"{100 * diff.high:+.1f}], p {p_text(permutation_p(a, b))} (smallest attainable "
-                         f"{p_text(permutation_p_min(len(a), len(b)))})")
+            tests.append((variant, base, r4.state_acc_3x.to_numpy(), r2.state_acc_3x.to_numpy()))
     if not rows:
         return "No run of `study/sweeps/deep.toml` is committed yet."
     table = _table(["variant", "seeds", "state at 3x, each seed", "mean [95 % t-CI]",
                     f"seeds below {100 * DEEP_CLIFF:.0f} % at 3x", f"seeds ≥ {100 * SOLVED:.0f} % at 3x",
                     "state at 16x, each seed", "lowest recall at 16x"], rows)
-    return table + ("\n\nDepth's effect, same seeds: " + "; ".join(tests) + "." if tests else "")
+    return table + ("\n\n" + _depth_effect(tests) if tests else "")
+
+
+def _depth_effect(tests: list[tuple[str, str, np.ndarray, np.ndarray]]) -> str:
+    """Depth's effect at 3x per schedule: the difference with its Welch interval, and the permutation p with its
+    Holm adjustment over the schedules where the seeds can reach adjusted p < 0.05 in that family; else descriptive."""
+    k = len(tests)
+    ok = [can_reach("seeds", len(a), len(b), k) for _, _, a, b in tests]
+    p = [permutation_p(a, b) if run else np.nan for (_, _, a, b), run in zip(tests, ok, strict=True)]
+    adjusted = holm(np.asarray(p, dtype=float))
+    parts = []
+    for (variant, base, a, b), run, raw, adj in zip(tests, ok, p, adjusted, strict=True):
+        diff = welch_interval(a, b)
+        text = (f"`{variant}` − `{base}` at 3x (all 75 positions, in-range ones included): {100 * diff.estimate:+.1f} "
+                f"[{100 * diff.low:+.1f}, {100 * diff.high:+.1f}], ")
+        text += (f"p {p_text(raw)}, Holm p {p_text(adj)}" if run else descriptive("seeds", len(a), len(b), k))
+        parts.append(text)
+    designs = sorted({(len(a), len(b)) for _, _, a, b in tests})
+    return (f"Depth's effect, same seeds (a Holm family of {k}; smallest attainable adjusted p "
+            + ", ".join(f"{min_adjusted_text('seeds', n, m, k)} at {n} vs {m} seeds" for n, m in designs) + "): "
+            + "; ".join(parts) + ".")
 
 
 SCREEN = {"deep4-d64-joint": "d_model 64", "deep4-lr1e-3-joint": "lr 1e-3", "deep4-9000-joint": "9000 steps"}

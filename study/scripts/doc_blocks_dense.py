@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import scipy.stats as sps
-from doc_format import grid_of, p_text, pct
+from doc_format import can_reach, descriptive, grid_of, min_adjusted_text, p_text, pct
 from doc_format import table as _table
+
+from probe.core.stats import holm
 
 DENSE = ("study", "results", "gradients", "dense")
 WINDOW = (50, 500)
@@ -80,13 +82,20 @@ def lookahead_dense_order(root: Path) -> str:
     joint = runs[runs.variant == "joint"].dropna(subset=["state_3x"])
     if len(joint) < 3:
         return f"Fewer than 3 joint runs with a lookahead ({len(joint)}): no ordering test."
-    rows = []
-    for stat, what in [("att_beyond", "attention's part: state loss beyond L, per unit step"),
-                       ("att_vs_rest_z", "attention's part minus the rest's, beyond L (mean z)")]:
-        rho, p = _spearman_exact(joint.state_3x.to_numpy(), joint[stat].to_numpy())
-        rows.append([what, len(joint), f"{rho:+.2f}", p_text(p)])
-    return _table(["statistic (mean over the window, at a real update)", "joint runs", "Spearman rho with state at "
-                   "3x", "exact p"], rows)
+    stats = [("att_beyond", "attention's part: state loss beyond L, per unit step"),
+             ("att_vs_rest_z", "attention's part minus the rest's, beyond L (mean z)")]
+    n, k = len(joint), len(stats)
+    run = can_reach("pairings", n, family=k)
+    found = [_spearman_exact(joint.state_3x.to_numpy(), joint[stat].to_numpy()) for stat, _ in stats]
+    adjusted = holm(np.array([p for _, p in found])) if run else np.full(k, np.nan)
+    rows = [[what, n, f"{rho:+.2f}", p_text(p) if run else "–", min_adjusted_text("pairings", n, family=k),
+             p_text(adj) if run else descriptive("pairings", n, family=k)]
+            for (_, what), (rho, p), adj in zip(stats, found, adjusted, strict=True)]
+    return (f"A Holm family of {k} (one test a statistic); with {n} runs the smallest exact p is 2/{n}! and the "
+            f"smallest attainable adjusted p {min_adjusted_text('pairings', n, family=k)}. State at 3x: the mean over "
+            "all 75 positions, in-range ones included.\n\n"
+            + _table(["statistic (mean over the window, at a real update)", "joint runs", "Spearman rho with state at "
+                      "3x", "exact p", "min. adj. p", f"Holm p (over {k})"], rows))
 
 
 BLOCKS = {

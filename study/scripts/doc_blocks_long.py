@@ -8,11 +8,11 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from doc_format import can_reach, descriptive, grid_of, min_adjusted_text, p_text, pct, per_seed, results_dir, runs_of
 from doc_format import col as _col
-from doc_format import grid_of, p_text, pct, per_seed, results_dir, runs_of
 from doc_format import table as _table
 
-from probe.core.stats import paired_interval, sign_flip_p, sign_flip_p_min
+from probe.core.stats import paired_interval, sign_flip_p
 
 HOLDS = 0.95
 """A seed holds a length when both subtasks' token accuracy there is at least this (the headline's mark)."""
@@ -119,7 +119,8 @@ def recipe(root: Path) -> str:
     """Per recipe candidate against DAT on the same seeds: every seed's state accuracy at 4x and 16x, the seeds
     meeting the target (both subtasks ≥ 99 % at 4x and ≥ 95 % at 16x), on the seeds it was chosen on and on the
     others apart; then, on the others only, the paired difference in state accuracy at 16x (t interval over seed
-    pairs, exact sign-flip p; one pre-specified test per candidate, no adjustment)."""
+    pairs; an exact sign-flip p only where the pairs that differ can reach p < 0.05, one pre-specified test per
+    candidate, else descriptive)."""
     long, rec = _grid_or_none(root, "long"), _grid_or_none(root, "recipe")
     if long is None or rec is None:
         return "No run of `study/sweeps/recipe.toml` is committed yet."
@@ -141,10 +142,13 @@ def recipe(root: Path) -> str:
             if part == "test" and ok.sum() >= 2:
                 diff = paired_interval(a[ok], b[ok])
                 moved = int(np.count_nonzero(a[ok] - b[ok]))  # a tie cannot change sign: the attainable p needs these
-                tests.append(f"`{v}` − `dat` at 16x on its test seeds, paired by seed ({int(ok.sum())} pairs): "
-                             f"{100 * diff.estimate:+.1f} [{100 * diff.low:+.1f}, {100 * diff.high:+.1f}], sign-flip p "
-                             f"{p_text(sign_flip_p(a[ok] - b[ok]))} (smallest attainable with {moved} non-zero "
-                             f"differences: {p_text(sign_flip_p_min(moved))})")
+                text = (f"`{v}` − `dat` at 16x (all 400 positions, in-range ones included) on its test seeds, paired "
+                        f"by seed ({int(ok.sum())} pairs, {moved} of them differing): {100 * diff.estimate:+.1f} "
+                        f"[{100 * diff.low:+.1f}, {100 * diff.high:+.1f}], ")
+                text += (f"sign-flip p {p_text(sign_flip_p(a[ok] - b[ok]))} (smallest attainable "
+                         f"{min_adjusted_text('pairs', moved)})" if can_reach("pairs", moved)
+                         else descriptive("pairs", moved))
+                tests.append(text)
     table = _table(["model", "which", "seeds", "state at 4x, each seed", "state at 16x, each seed",
                     "lowest recall at 16x", "seeds meeting the target"], rows)
     return table + ("\n\n" + "; ".join(tests) + "." if tests else "")

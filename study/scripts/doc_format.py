@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probe.core.stats import t_interval
+from probe.core.stats import min_attainable_p, t_interval
 from probe.results import Grid, load_grid
 
 
@@ -71,3 +72,48 @@ def table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
 
 def p_text(x: float) -> str:
     return "–" if not np.isfinite(x) else (f"{x:.3f}" if x >= 0.001 else f"{x:.1e}")
+
+
+# --- tests that can reject, or none ---------------------------------------------------------------------------------
+ALPHA = 0.05
+"""The level every comparison in the docs is judged at, after adjustment for its family."""
+
+
+def design_min_p(design: str, n: int, m: int | None = None) -> float:
+    """The smallest two-sided exact p a design allows: ``"seeds"`` (two groups of n and m seeds, a permutation test of
+    the difference of means), ``"pairs"`` (n paired differences, a sign-flip test) or ``"pairings"`` (n runs, a
+    permutation test of a rank correlation: 2 / n!)."""
+    if design == "seeds":
+        return min_attainable_p(n, m)
+    if design == "pairs":
+        return min_attainable_p(n, paired=True)
+    if design == "pairings":
+        return min(1.0, 2 / math.factorial(n)) if n >= 2 else math.nan
+    raise ValueError(f"design {design!r}: seeds, pairs or pairings")
+
+
+def min_adjusted(design: str, n: int, m: int | None = None, family: int = 1) -> float:
+    """The smallest adjusted p a test of this design can reach in a family of ``family`` tests: its smallest p times
+    the family size (Holm's adjustment of the family's smallest p; ``can_reject``'s rule)."""
+    return min(1.0, family * design_min_p(design, n, m))
+
+
+def can_reach(design: str, n: int, m: int | None = None, family: int = 1) -> bool:
+    """Whether a test of this design is worth running: its smallest adjusted p is below ALPHA."""
+    return min_adjusted(design, n, m, family) < ALPHA
+
+
+def min_adjusted_text(design: str, n: int, m: int | None = None, family: int = 1) -> str:
+    """``"27 × 6.7e-04 = 0.018"``: the family size, the design's smallest p and their product, as a table cell."""
+    return f"{family} × {p_text(design_min_p(design, n, m))} = {p_text(min_adjusted(design, n, m, family))}"
+
+
+def design_text(design: str, n: int, m: int | None = None) -> str:
+    return {"seeds": f"{n} vs {m} seeds", "pairs": f"{n} non-zero paired differences", "pairings": f"{n} runs"}[design]
+
+
+def descriptive(design: str, n: int, m: int | None = None, family: int = 1) -> str:
+    """Why a comparison is shown without a p, e.g. ``"descriptive: 5 vs 5 seeds cannot reach adjusted p < 0.05 in a
+    family of 14 (smallest attainable 14 × 0.008 = 0.111), so no test"``."""
+    return (f"descriptive: {design_text(design, n, m)} cannot reach adjusted p < {ALPHA} in a family of {family} "
+            f"(smallest attainable {min_adjusted_text(design, n, m, family)}), so no test")
