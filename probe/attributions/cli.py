@@ -28,7 +28,7 @@ see whether the state answers follow, along all paths, along paths that avoid at
 every LSTM; where attention reads from (value-weighted attention by distance); the effect of zeroing each sublayer;
 optionally integrated gradients per position, shown only where they converge.
 
-Usage: python -m probe.attributions ckpt.pt [ckpt.pt ...] [--ig]. Definitions and controls: docs/gradients.md."""
+Usage: python -m probe.attributions ckpt.pt [ckpt.pt ...] [--ig]. Definitions and controls: docs/guides/gradients.md."""
 
 HELP_COLUMNS = """\
 JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "label" (the variant), "seed", "step",

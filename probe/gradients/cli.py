@@ -35,7 +35,7 @@ Usage: python -m probe.gradients ckpt.pt (one checkpoint), python -m probe.gradi
 run directories: curves over training), or a glob. g = dL/dtheta for the recurrent weights theta (each block's
 cell: the LSTM's four tensors, the GRU's, the SSM's projections and A_log); g_rec = the same with attention's q, k, v
 detached (every path through attention cut); g_att = g - g_rec. Definitions and what each control catches:
-docs/gradients.md."""
+docs/guides/gradients.md."""
 
 HELP_COLUMNS = """\
 JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "label" (the variant), "seed", "step",

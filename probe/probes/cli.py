@@ -42,7 +42,8 @@ DESCRIPTION = """\
 Linear probes that decode the running sum s_t mod m, with controls, and interventions on the recurrent state.
 
 The recurrent state of a block is what its cell carries, as its hooks: the output lstm.hook_h, then the LSTM's
-cell state lstm.hook_c, or the SSM's lstm.hook_state; the GRU's state is lstm.hook_h alone (docs/recurrent.md)."""
+cell state lstm.hook_c, or the SSM's lstm.hook_state; the GRU's state is lstm.hook_h alone
+(docs/guides/recurrent.md)."""
 
 COLUMNS = """Position bands: in = t <= L_train, beyond = t > L_train, all. Length generalization: beyond only.
 

@@ -1,5 +1,5 @@
-"""Render every number that README.md, docs/ and study/docs/ quote from study/results/ into their marked blocks, or
-check them."""
+"""Render every number that study/README.md, docs/ and study/docs/ quote from study/results/ into their marked blocks,
+or check them."""
 
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ BLOCK = re.compile(r"(<!-- render:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /ren
 
 
 def documents(root: Path) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").rglob("*.md")), *sorted((root / "study" / "docs").glob("*.md"))]
+    # README.md is the front page and quotes no result; a block there would still be rendered and checked
+    return [root / "README.md", root / "study" / "README.md", *sorted((root / "docs").rglob("*.md")),
+            *sorted((root / "study" / "docs").glob("*.md"))]
 
 
 def render_text(text: str, blocks: dict[str, Callable[[Path], str]], root: Path, where: str) -> str:

@@ -1,5 +1,5 @@
-"""README and the docs quote study/results/ only through rendered blocks, the check catches a number that drifted, and
-every relative link of the documents resolves."""
+"""The study's front page and the docs quote study/results/ only through rendered blocks, the check catches a number
+that drifted, README.md stays a front page, and every relative link of the documents resolves."""
 
 from __future__ import annotations
 
@@ -23,12 +23,13 @@ def _check(root: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def copy(tmp_path_factory) -> Path:
-    """README, docs, the study's docs and results, in a scratch tree that a test may damage."""
+    """README, docs, the study's front page, docs and results, in a scratch tree that a test may damage."""
     root = tmp_path_factory.mktemp("repo")
     shutil.copy(ROOT / "README.md", root)
     shutil.copytree(ROOT / "docs", root / "docs")
     for part in ("docs", "results"):
         shutil.copytree(ROOT / "study" / part, root / "study" / part)
+    shutil.copy(ROOT / "study" / "README.md", root / "study")
     return root
 
 
@@ -38,9 +39,26 @@ def test_committed_text_matches_results():
 
 
 def test_readme_is_a_front_page():
+    """What probe is, the two commands, the API, the commands, a findings slot and links: no results table (those are
+    study/README.md's), and the Python use before the findings."""
     text = (ROOT / "README.md").read_text()
-    # a front page: the three studies' headline tables, the box and the links; details live in docs/ and study/docs/
-    assert len(text.splitlines()) <= 180
+    assert len(text.splitlines()) <= 100
+    assert "<!-- render:" not in text, "README.md renders results: they belong in study/README.md"
+    assert text.count("<!-- test-command -->") == 1  # .ci/run runs the block after it
+    assert text.count("<!-- findings -->") == 1 and text.count("<!-- /findings -->") == 1
+    assert text.index("```python") < text.index("## Findings")
+
+
+def test_every_command_in_the_readme_s_table_runs_as_a_module():
+    import importlib.util
+
+    named = set(re.findall(r"^\| `python -m (probe[\w.]*)`", (ROOT / "README.md").read_text(), re.M))
+    assert len(named) >= 10
+    missing = [m for m in sorted(named)
+               if importlib.util.find_spec(m) is None
+               or (importlib.util.find_spec(m).submodule_search_locations is not None
+                   and importlib.util.find_spec(m + ".__main__") is None)]
+    assert not missing, f"README names commands that python -m cannot run: {missing}"
 
 
 DOCUMENTS = [ROOT / "README.md", ROOT / "figures" / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
@@ -56,7 +74,7 @@ def test_every_relative_link_resolves(doc):
 
 
 def test_check_fails_when_a_rendered_number_is_edited_by_hand(copy):
-    readme = copy / "README.md"
+    readme = copy / "study" / "README.md"
     text = readme.read_text()
     block = re.search(r"<!-- render:headline -->\n(.*?)<!-- /render:headline -->", text, re.S)
     assert block and re.search(r"\d\.\d", block.group(1)), "the headline block holds no number"
@@ -65,7 +83,7 @@ def test_check_fails_when_a_rendered_number_is_edited_by_hand(copy):
     readme.write_text(text.replace(block.group(1), edited))
     try:
         done = _check(copy)
-        assert done.returncode == 1 and "README.md" in done.stdout
+        assert done.returncode == 1 and "study/README.md" in done.stdout
     finally:
         readme.write_text(text)
 
