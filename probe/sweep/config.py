@@ -212,7 +212,7 @@ def read_toml(path: str | Path, what: str = "sweep config") -> dict[str, Any]:
 
 
 def load_config(path: str | Path) -> SweepConfig:
-    """Read a sweep TOML (format: README, section Sweeps)."""
+    """Read a sweep TOML (format: docs/guides/sweeps.md)."""
     path = Path(path)
     d = read_toml(path)
     return config_from_dict(d, str(path))
