@@ -16,6 +16,12 @@ SCRIPTS = ROOT / "study" / "scripts"
 RENDER = SCRIPTS / "render_docs.py"
 
 
+# A full render of every block takes about 35 s of CPU (a minute on a loaded machine): the four tests that make one
+# are in the full suite, which CI runs, and out of the fast tier; `python study/scripts/render_docs.py --check` is the
+# same check by hand.
+RENDERS_ALL = pytest.mark.slow
+
+
 def _check(root: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(RENDER), "--check", "--root", str(root)],
                           capture_output=True, text=True, timeout=300)
@@ -33,6 +39,7 @@ def copy(tmp_path_factory) -> Path:
     return root
 
 
+@RENDERS_ALL
 def test_committed_text_matches_results():
     done = _check(ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr
@@ -73,6 +80,7 @@ def test_every_relative_link_resolves(doc):
     assert not missing, f"{doc.relative_to(ROOT)} links to missing {missing}"
 
 
+@RENDERS_ALL
 def test_check_fails_when_a_rendered_number_is_edited_by_hand(copy):
     readme = copy / "study" / "README.md"
     text = readme.read_text()
@@ -88,12 +96,14 @@ def test_check_fails_when_a_rendered_number_is_edited_by_hand(copy):
         readme.write_text(text)
 
 
+@RENDERS_ALL
 def test_every_block_renders_from_the_copy(copy):
     """Without this, a block that fails to find its file in the scratch tree could make the next test pass."""
     done = _check(copy)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr
 
 
+@RENDERS_ALL
 def test_check_fails_when_results_change_under_the_text(copy):
     runs = copy / "study" / "results" / "mechanism" / "runs.jsonl"
     original = runs.read_text()
