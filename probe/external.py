@@ -113,7 +113,7 @@ class HFModelConfig(_WrappedSizes):
         try:
             import transformers
         except ImportError:
-            raise ProbeError(f"{self.name} needs the transformers library: pip install 'transformers>=5'") from None
+            raise ProbeError(f"{self.name} needs the transformers library: pip install -e '.[hf]'") from None
         from probe.hf import wrap_hf
 
         fields = dict(self.transformers)

@@ -15,7 +15,7 @@ except ModuleNotFoundError:  # Python 3.10
 
 ROOT = Path(__file__).resolve().parents[1]
 # Imported inside a try or behind an optional extra; each has a fallback or a one-line error naming the extra.
-OPTIONAL = {"ray", "psutil", "IPython", "tomli"}
+OPTIONAL = {"ray", "psutil", "IPython", "tomli", "transformers"}
 
 
 def _top_level_imports(package: Path) -> set[str]:
