@@ -61,10 +61,13 @@ def state_at(schedule: Schedule, cfg: TrainConfig, step: int, n_attention: int) 
 
 def step_state(ckpt: Checkpoint) -> StepState:
     """The training state at ``ckpt``'s step: as recorded, or rebuilt from the recorded configs (``recorded``
-    False; ``gates`` None when no schedule is recorded, ``lr`` None when the training config cannot be read)."""
-    if isinstance(ckpt.extra.get(KEY), dict):
-        return StepState.from_dict(ckpt.extra[KEY])
+    False; ``gates`` None when no schedule is recorded, ``lr`` None when the training config cannot be read). A
+    record of another step than the checkpoint's (a checkpoint object whose ``step`` was moved) is not its state,
+    and the configs decide."""
     step = int(ckpt.step or 0)
+    record = ckpt.extra.get(KEY)
+    if isinstance(record, dict) and int(record.get("step", -1)) == step:
+        return StepState.from_dict(record)
     try:
         cfg = TrainConfig.from_dict(ckpt.train_config)
     except (ProbeError, TypeError, KeyError, ValueError):
