@@ -33,7 +33,7 @@ class Block(nn.Module):
     The recurrent sublayer exists for ``lstm`` and ``hybrid``, attention for ``transformer`` and ``hybrid``. It is
     ``blocks.{i}.lstm`` (with ``ln_lstm`` and ``hook_lstm_out``) whatever the cell (``cfg.rnn``): one name for the
     slot, as TransformerLens keeps ``attn`` for every attention variant, so hook names, cache keys, checkpoints and
-    every analysis read any cell the same way (docs/hooks.md). ``attn_gate``
+    every analysis read any cell the same way (docs/guides/hooks.md). ``attn_gate``
     is a buffer (0 = off, 1 = on, in between for ramps) that multiplies attention's output, so attention hooks fire
     and cache keys stay the same whatever the gate; ``hook_attn_out`` sees the gated output that joins the stream.
     ``attn_stopgrad`` (set by the trainer's ``stopgrad`` schedule) detaches the stream where it enters the attention
@@ -82,7 +82,7 @@ class HookedSequenceModel(HookedRootModule):
     (3, 4, 7, 7)
 
     ``run_with_cache`` returns a TransformerLens ``ActivationCache`` (``SequenceActivationCache``); hook names and
-    their semantics are listed in docs/hooks.md; a misspelled name raises ``UnknownHookError`` (a
+    their semantics are listed in docs/guides/hooks.md; a misspelled name raises ``UnknownHookError`` (a
     ``ProbeError`` and a ``KeyError``) naming the nearest ones. ``task`` (optional) gives ``to_str_tokens`` its
     vocabulary.
     """

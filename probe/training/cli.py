@@ -28,7 +28,7 @@ hybrids: --preset hf-recurrentgemma-dat (or hf-jamba-*, hf-falcon-h1-*; docs/you
 
 A run directory holds last.pt (with optimizer state, for --resume), final.pt (weights only, what is shipped),
 metrics.jsonl (one JSON object per evaluation) and trajectory/step_XXXXXX.pt snapshots. Configs, presets, the --set
-grammar and the schedules: probe/training/; docs/training.md.
+grammar and the schedules: probe/training/; docs/guides/training.md.
 A point in the run (schedule.switch, ramp_window, cut_until, min_switch): an integer is a step (2000), a percentage
 or a number with a decimal point a fraction of the run (50%, 0.5; 1.0 is the whole run)."""
 

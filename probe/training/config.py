@@ -16,7 +16,7 @@ PRECISIONS = ("fp32", "bf16", "auto")
 """``bf16``: forward and backward under ``torch.autocast(dtype=bfloat16)``; weights, optimizer state and loss stay
 float32 (mixed precision with fp32 master weights). ``auto``: bf16 where the device has native bf16 (a CPU with
 avx512_bf16 or AMX, a CUDA GPU that supports it), fp32 elsewhere. An explicit ``bf16`` on a CPU without native bf16
-keeps the recurrent sublayers in fp32 (docs/training.md says why)."""
+keeps the recurrent sublayers in fp32 (docs/guides/training.md says why)."""
 
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 """AdamW's implementation: torch's default for the device (a per-parameter loop on CPU), multi-tensor ``foreach``,
