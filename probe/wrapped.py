@@ -40,11 +40,10 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.errors import ProbeError
 from probe.models.gru import HookedGRU
+from probe.models.hooked import resolve_return_type
 from probe.models.lstm import HookedLSTM
 from probe.models.recurrent import HookedRecurrent, cudnn_backprop_ok, listened
 from probe.tasks import IGNORE_INDEX, TaskConfig
-
-RETURN_TYPES = ("logits", "loss", "both", None)
 
 
 # --- nn.LSTM / nn.GRU served by probe's hooked cells ----------------------------------------------------------------
@@ -365,13 +364,7 @@ class WrappedModel(HookedRootModule):
     ) -> Float[Tensor, "batch pos vocab"] | Float[Tensor, ""] | tuple[Tensor, Tensor] | None:
         """As ``HookedSequenceModel.forward``: logits, or the cross-entropy against ``labels`` at every labelled
         position (``IGNORE_INDEX`` elsewhere; no next-token shift: every answer is read at its own position)."""
-        if return_type is ...:
-            return_type = "logits" if labels is None else "loss"
-        if return_type not in RETURN_TYPES:
-            raise ProbeError(f"return_type must be logits, loss, both or None, not {return_type!r}")
-        if return_type in ("loss", "both") and labels is None:
-            raise ProbeError(f"return_type={return_type!r} needs labels= (the answer at every position, "
-                             "IGNORE_INDEX where nothing is asked)")
+        return_type = resolve_return_type(return_type, labels)
         with cudnn_backprop_ok(tokens, self.training):  # the user's own RNN modules, if any
             out = self.module(tokens, **self.forward_kwargs)
         logits = out if isinstance(out, Tensor) else getattr(out, "logits", None)

@@ -25,6 +25,19 @@ from probe.tasks import IGNORE_INDEX, TaskConfig
 RETURN_TYPES = ("logits", "loss", "both", None)
 
 
+def resolve_return_type(return_type: Any, labels: Tensor | None) -> str | None:
+    """A forward's ``return_type``: unset (``...``) is ``"loss"`` when ``labels`` are given, else ``"logits"``; an
+    unknown one, or a loss without labels, is one line (``ProbeError``)."""
+    if return_type is ...:
+        return_type = "logits" if labels is None else "loss"
+    if return_type not in RETURN_TYPES:
+        raise ProbeError(f"return_type must be logits, loss, both or None, not {return_type!r}")
+    if return_type in ("loss", "both") and labels is None:
+        raise ProbeError(f"return_type={return_type!r} needs labels= (the answer at every position, "
+                         "IGNORE_INDEX where nothing is asked)")
+    return return_type
+
+
 class Block(nn.Module):
     """``[LN -> recurrent cell] -> [LN -> causal MHA, times the gate] -> LN -> MLP``, each sublayer residual.
 
@@ -114,13 +127,7 @@ class HookedSequenceModel(HookedRootModule):
         is ``"loss"`` when ``labels`` are given, else ``"logits"``. Every answer is read at its own position, so the
         loss needs ``labels`` (no next-token shift). ``positions`` (default ``0..T-1``) feeds the positional encoding
         only."""
-        if return_type is ...:
-            return_type = "logits" if labels is None else "loss"
-        if return_type not in RETURN_TYPES:
-            raise ProbeError(f"return_type must be logits, loss, both or None, not {return_type!r}")
-        if return_type in ("loss", "both") and labels is None:
-            raise ProbeError(f"return_type={return_type!r} needs labels= (the answer at every position, "
-                             "IGNORE_INDEX where nothing is asked)")
+        return_type = resolve_return_type(return_type, labels)
         b, t = tokens.shape
         if positions is None:
             positions = torch.arange(t, device=tokens.device).expand(b, t)
