@@ -16,7 +16,6 @@ state accuracy alone cannot say which. Chance floors: 1/m for the state, 1/q for
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -192,11 +191,3 @@ def windows_of(model: HookedSequenceModel, task: TaskConfig, train_length: int, 
     measures every window)."""
     counts = position_counts(model, task, max_length, n_samples, seed, batch_size, forward_batch)
     return window_table(counts, task, train_length)
-
-
-def chance_only(table: pd.DataFrame, subtasks: Sequence[str] = ("state",)) -> pd.DataFrame:
-    """The windows beyond range where a subtask is not distinguishable from its floor at 3 binomial standard errors
-    of the floor: where a model has lost that subtask (or factor) entirely."""
-    beyond = table[table.beyond & table.subtask.isin(subtasks)].copy()
-    se = (beyond.chance * (1 - beyond.chance) / beyond.n_tokens.clip(lower=1)) ** 0.5
-    return beyond[(beyond.token_acc - beyond.chance).abs() <= 3 * se]
