@@ -40,7 +40,7 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.errors import ProbeError
 from probe.models.gru import HookedGRU
-from probe.models.hooked import resolve_return_type
+from probe.models.hooked import Sublayer, resolve_return_type
 from probe.models.lstm import HookedLSTM
 from probe.models.recurrent import HookedRecurrent, cudnn_backprop_ok, listened
 from probe.tasks import IGNORE_INDEX, TaskConfig
@@ -417,6 +417,18 @@ class WrappedModel(HookedRootModule):
         named = [*self.recurrent_names, *self.attention_names, *self.resid_names]
         return [*self.state_hooks(), *(f"{n}.hook_out" for n in named
                                        if getattr(self.module.get_submodule(n), "batch_first", True) is not False)]
+
+    def sublayer_outputs(self) -> dict[str, Sublayer]:
+        """Each named recurrent and attention module's ``hook_out`` (attention's after the gate), in the order named
+        (recurrent first), with the dimension that indexes the batch (1 for an ``nn.LSTM`` / ``nn.GRU`` or another
+        module that says ``batch_first=False``): what path patching holds and component ablation zeroes. A module's
+        output is only its first tensor output; paths that leave it another way (a returned state fed onwards) are
+        not held, and the attributions' cross-position check says so when it matters."""
+        def batch_dim(name: str) -> int:
+            return 0 if getattr(self.module.get_submodule(name), "batch_first", True) is not False else 1
+
+        return {**{f"{n}.hook_out": Sublayer("recurrent", batch_dim(n)) for n in self.recurrent_names},
+                **{f"{n}.hook_out": Sublayer("attn", batch_dim(n)) for n in self.attention_names}}
 
     @property
     def attention_output_hooks(self) -> list[str]:

@@ -21,7 +21,9 @@ from probe.core.lengths import multiples
 from probe.core.meta import checkpoint_meta, schedule_gate
 from probe.core.progress import progress_iter
 from probe.core.rows import threshold_row
+from probe.errors import ProbeError
 from probe.memory import check_lengths
+from probe.models import HookedSequenceModel
 
 DEFAULT_FACTORS = (1, 3)
 """Attributions are reported at the training length and at 3x, as the gradient analysis's interference."""
@@ -63,6 +65,10 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
     name = meta["checkpoint"]
     model = ckpt.build_model(device)
     task = ckpt.task_config
+    own = isinstance(model, HookedSequenceModel)  # a wrapped model exposes module outputs, not probe's blocks
+    if ig and not own:
+        raise ProbeError(f"{name}: integrated gradients put the embedding through probe's hook_embed, which a wrapped "
+                         "model does not have; run without --ig (occlusion and path patching work on it)")
     k = far if far is not None else max(1, task.train_length // 3)
     parts: dict[str, list[pd.DataFrame]] = {f: [] for f in AttributionReport.FRAMES}
     controls = []
@@ -82,8 +88,9 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
             controls.append(threshold_row(
                 name, f"patching_cross_position_L{length}", occ.cross_position_max, 0.0,
                 "max |logit change| after the resampled token with every LSTM and attention output held at its "
-                "clean value: fails if the path patching does not hold the sublayers it claims to hold"))
-            if model.attention_blocks:
+                "clean value: fails if the path patching does not hold the sublayers it claims to hold, or (a "
+                "wrapped model) if a module that mixes positions was not named"))
+            if own and model.attention_blocks:  # reads need attention patterns, which a wrapped model hides
                 prof, rfar = read_profile(model, batch, k)
                 parts["reads"].append(prof.assign(**m, length=length))
                 parts["reads_far"].append(rfar.assign(**m, length=length))

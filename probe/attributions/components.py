@@ -10,6 +10,7 @@ from torch import Tensor
 
 from probe.models import HookedSequenceModel
 from probe.tasks import SUBTASKS, Batch
+from probe.wrapped import WrappedModel
 
 
 def _correct_logit(logits: Tensor, batch: Batch, mask: Tensor) -> Tensor:
@@ -18,12 +19,16 @@ def _correct_logit(logits: Tensor, batch: Batch, mask: Tensor) -> Tensor:
     return (correct * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
-def component_ablation(model: HookedSequenceModel, batch: Batch, subtasks: Sequence[str] = SUBTASKS,
+def component_ablation(model: HookedSequenceModel | WrappedModel, batch: Batch, subtasks: Sequence[str] = SUBTASKS,
                        ) -> pd.DataFrame:
     """Rows ``subtask, block, component (lstm | attn), hook, effect, share, logit, acc, acc_ablated``: ``effect`` =
     mean correct-answer logit minus the same with the component's output (``blocks.{i}.hook_{lstm,attn}_out``)
-    replaced by 0, which is what a gate of 0 does to attention; ``share`` = |effect| / sum over components."""
-    hooks = [n for n in model.hook_dict if n.endswith(("hook_lstm_out", "hook_attn_out"))]
+    replaced by 0, which is what a gate of 0 does to attention; ``share`` = |effect| / sum over components.
+
+    A wrapped model: one row per named module (``sublayer_outputs``), ``block`` its place in that order and
+    ``component`` ``lstm`` for every recurrent module, whatever its kind (the column probe's own models use)."""
+    sublayers = model.sublayer_outputs()
+    hooks = list(sublayers)
     rows = []
     with torch.no_grad():
         clean = model(batch.tokens)
@@ -40,10 +45,10 @@ def component_ablation(model: HookedSequenceModel, batch: Batch, subtasks: Seque
         acc = float(((clean.argmax(-1) == batch.labels) & mask).sum() / mask.sum())
         effects = {n: float((base - _correct_logit(ablated[n], batch, mask)[keep]).mean()) for n in hooks}
         total = sum(abs(e) for e in effects.values())
-        for name in hooks:
-            block = int(name.split(".")[1])
+        for place, name in enumerate(hooks):
+            block = int(name.split(".")[1]) if name.startswith("blocks.") else place
             rows.append({"subtask": subtask, "block": block,
-                         "component": "lstm" if name.endswith("lstm_out") else "attn", "hook": name,
+                         "component": "lstm" if sublayers[name].kind == "recurrent" else "attn", "hook": name,
                          "effect": effects[name], "share": abs(effects[name]) / total if total > 0 else float("nan"),
                          "logit": float(base.mean()), "acc": acc,
                          "acc_ablated": float(((ablated[name].argmax(-1) == batch.labels) & mask).sum()

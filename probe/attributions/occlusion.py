@@ -9,7 +9,8 @@ the last k tokens follows nothing beyond k. Conditions (path patching): ``total`
 ``recurrent_only`` (every ``blocks.{i}.hook_attn_out`` held at its clean value, so the change reaches t only along
 paths that avoid attention) and ``attention_only`` (every ``blocks.{i}.hook_lstm_out`` held clean: only paths that
 avoid every LSTM). What neither carries alone needs both: for example a token read by the LSTM and then by attention
-at a nearby position.
+at a nearby position. On a wrapped model the held outputs are its named modules' (``sublayer_outputs``): every
+attention module's ``hook_out`` for ``recurrent_only``, every recurrent module's for ``attention_only``.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ from probe.core.progress import progress_iter
 from probe.errors import ProbeError
 from probe.memory import fit_batch_size
 from probe.models import HookedSequenceModel
+from probe.models.hooked import Sublayer
 from probe.tasks import Batch, TaskConfig
+from probe.wrapped import WrappedModel
 
 CONDITIONS = ("total", "recurrent_only", "attention_only")
 KINDS = ("number", "query", "prefix")
-FROZEN = {"recurrent_only": ("hook_attn_out",), "attention_only": ("hook_lstm_out",),
-          "both_frozen": ("hook_attn_out", "hook_lstm_out")}
-"""Which sublayer outputs a condition holds at their clean values."""
+FROZEN = {"recurrent_only": ("attn",), "attention_only": ("recurrent",), "both_frozen": ("attn", "recurrent")}
+"""Which kinds of sublayer output (``model.sublayer_outputs()``) a condition holds at their clean values."""
 
 
 def corrupt(batch: Batch, task: TaskConfig, gen: torch.Generator,
@@ -96,12 +98,13 @@ def corrupt(batch: Batch, task: TaskConfig, gen: torch.Generator,
     return seq, pos, kind, tok, lab
 
 
-def _frozen_hooks(model: HookedSequenceModel, condition: str, clean: dict[str, Tensor], rows: Tensor,
+def _frozen_hooks(sublayers: dict[str, Sublayer], condition: str, clean: dict[str, Tensor], rows: Tensor,
                   ) -> list[tuple[str, Any]]:
     hooks = []
     for name, value in clean.items():
-        if name.endswith(FROZEN.get(condition, ())):
-            hooks.append((name, lambda x, hook, v=value: v[rows].to(x.dtype)))
+        kind, dim = sublayers[name]
+        if kind in FROZEN.get(condition, ()):
+            hooks.append((name, lambda x, hook, v=value, d=dim: v.index_select(d, rows).to(x.dtype)))
     return hooks
 
 
@@ -170,7 +173,7 @@ def _max(x: Tensor) -> float:
     return float(x.max()) if x.numel() else 0.0
 
 
-def resample_occlusion(model: HookedSequenceModel, batch: Batch, task: TaskConfig, seed: int = 0,
+def resample_occlusion(model: HookedSequenceModel | WrappedModel, batch: Batch, task: TaskConfig, seed: int = 0,
               conditions: Sequence[str] = CONDITIONS, chunk: int = 256, progress: bool = False) -> Occlusion:
     """Resample every input token once per sequence and record, for every state answer, whether the model
     follows the change, under each path condition (see the module docstring). Corrupted sequences run ``chunk``
@@ -179,9 +182,10 @@ def resample_occlusion(model: HookedSequenceModel, batch: Batch, task: TaskConfi
     chunk = fit_batch_size(model.cfg, batch.tokens.shape[1], chunk, device)
     gen = torch.Generator().manual_seed(seed)
     seq, pos, kind, tok, lab = corrupt(batch, task, gen)
-    names = [n for n in model.hook_dict if n.endswith(("hook_attn_out", "hook_lstm_out"))]
+    sublayers = model.sublayer_outputs()
+    names = list(sublayers)
     with torch.no_grad():
-        logits, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n in names)
+        logits, cache = model.run_with_cache(batch.tokens, names_filter=names)
     clean = {n: cache[n] for n in names}
     pred_clean = logits.argmax(-1).cpu()
     b, t_len = batch.tokens.shape
@@ -207,7 +211,7 @@ def resample_occlusion(model: HookedSequenceModel, batch: Batch, task: TaskConfi
         for cond in [*conditions, "both_frozen"]:
             if cond == "both_frozen" and lo > 0:
                 continue  # the cross-position control needs one chunk only
-            with torch.no_grad(), model.hooks(fwd_hooks=_frozen_hooks(model, cond, clean, rows_dev)):
+            with torch.no_grad(), model.hooks(fwd_hooks=_frozen_hooks(sublayers, cond, clean, rows_dev)):
                 out = model(tok[r].to(device)).cpu()
             change = (out - logits.cpu()[s_rows]).abs().amax(dim=-1)  # (rows, T)
             if cond == "both_frozen":

@@ -6,7 +6,7 @@ import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from types import EllipsisType
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +23,14 @@ from probe.models.recurrent import HookedRecurrent
 from probe.tasks import IGNORE_INDEX, TaskConfig
 
 RETURN_TYPES = ("logits", "loss", "both", None)
+
+
+class Sublayer(NamedTuple):
+    """A sublayer output that joins the stream: its ``kind`` (``recurrent`` or ``attn``) and the dimension of its
+    hook's tensor that indexes the batch (0 but for a wrapped module that is not batch-first)."""
+
+    kind: str
+    batch_dim: int = 0
 
 
 def resolve_return_type(return_type: Any, labels: Tensor | None) -> str | None:
@@ -389,6 +397,18 @@ class HookedSequenceModel(HookedRootModule):
         """Every block's recurrent sublayer (an ``HookedLSTM``, ``HookedGRU`` or ``HookedSSM``, as ``cfg.rnn``
         says)."""
         return [b.lstm for b in self.blocks if hasattr(b, "lstm")]
+
+    def sublayer_outputs(self) -> dict[str, Sublayer]:
+        """Each sublayer output that joins the stream, in forward order: ``blocks.{i}.hook_lstm_out`` (recurrent, any
+        cell) and ``blocks.{i}.hook_attn_out`` (attention, after the gate), each ``[batch, pos, d_model]``. What
+        path patching holds and component ablation zeroes (``WrappedModel.sublayer_outputs`` for a wrapped model)."""
+        out = {}
+        for i, b in enumerate(self.blocks):
+            if hasattr(b, "lstm"):
+                out[f"blocks.{i}.hook_lstm_out"] = Sublayer("recurrent", 0)
+            if hasattr(b, "attn"):
+                out[f"blocks.{i}.hook_attn_out"] = Sublayer("attn", 0)
+        return out
 
     def set_fp32_recurrence(self, value: bool) -> None:
         """Run every recurrent sublayer with autocast off and its input in float32 (True), or as the rest (False):
