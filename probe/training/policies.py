@@ -7,6 +7,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from typing import TYPE_CHECKING, Any
 
+from probe.errors import ProbeError
+
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
@@ -22,7 +24,11 @@ LossFn = Callable[[], "tuple[Tensor, Tensor]"]
 
 class GradientPolicy:
     """Takes one step's gradient: runs ``loss_fn`` and leaves the gradient in each parameter's ``.grad`` (which the
-    caller has zeroed). Returns ``(logits, loss)`` of the forward the step reports."""
+    caller has zeroed). Returns ``(logits, loss)`` of the forward the step reports. ``log``, after ``backward``: what
+    the step's gradient surgery did, as numbers the trainer writes to the run's ``metrics.jsonl`` for that step (None:
+    nothing to record)."""
+
+    log: dict[str, float | bool] | None = None
 
     def backward(self, model: Trainable, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
         logits, loss = loss_fn()
@@ -123,31 +129,127 @@ class SplitCut(GradientPolicy):
         return logits, loss
 
 
-class InitialAttentionPath(GradientPolicy):
-    """Block ``block``'s recurrent sublayer (every block's if None) learns through attention as it was at
-    initialisation, never through the attention that has learned since:
+class CounterfactualPath(GradientPolicy):
+    """Block ``block``'s recurrent sublayer (every block's if None) learns through attention as a counterfactual
+    model computes it, never through the current model's attention:
 
-        g_lstm = g_cut(theta) + [g_full(theta_0) - g_cut(theta_0)]
+        g_lstm = g_cut(theta) + [g_full(theta') - g_cut(theta')]
 
     where g_cut is the gradient with the stream detached at the attention of ``through`` (None: every block), g_full
-    the plain one, theta the current weights and theta_0 the same with those attentions' weights (and their pre-LN)
-    at their initial values. The bracket is the path through the initial attention; at step 0 the sum is the plain
-    gradient. Every other parameter, attention included, gets the plain gradient. Four backward passes a step."""
+    the plain one, theta the current weights and theta' the same with the parameters named in ``replaced`` at the
+    values given there: attention's (and its pre-LN's) initial weights (``initial-attention``), its weights of k
+    steps ago (``lagged-attention``), or every parameter's initial weights but the learning sublayer's own
+    (``initial-model``). The bracket is the path through attention in that counterfactual; where theta' = theta the
+    sum is the plain gradient. Every other parameter, attention included, gets the plain gradient. Four backward
+    passes a step."""
 
-    def __init__(self, block: int | None, through: tuple[int, ...] | None, initial: dict[str, Tensor]) -> None:
-        self.block, self.through, self.initial = block, through, initial
+    def __init__(self, block: int | None, through: tuple[int, ...] | None, replaced: dict[str, Tensor]) -> None:
+        self.block, self.through, self.replaced = block, through, replaced
 
     def backward(self, model: Trainable, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
         params = [p for p in model.recurrent_parameters(self.block) if p.requires_grad]
         if not params:
             return super().backward(model, loss_fn)
         cut = _grads(loss_fn, params, _detached(model, self.through))
-        with _parameters_replaced(model, self.initial):
+        with _parameters_replaced(model, self.replaced):
             full_0 = _grads(loss_fn, params)
             cut_0 = _grads(loss_fn, params, _detached(model, self.through))
         logits, loss = super().backward(model, loss_fn)
         for p, c, f0, c0 in zip(params, cut, full_0, cut_0, strict=True):
             p.grad = c + (f0 - c0)
+        return logits, loss
+
+
+class AttentionHistory:
+    """Attention's weights (and its pre-LN's) at each of the last ``lag`` steps, exactly, so that step t can learn
+    through those of step t - lag (of step 0 while t < lag: the lag is then t). One copy of the chosen attention
+    parameters per step kept, ``lag`` of them between steps (the 2-block, d_model 128 hybrid: 133k numbers, 0.5 MB a
+    step in float32, 133 MB at lag 250). Resumable: ``state_dict`` holds every copy kept."""
+
+    def __init__(self, names: list[str], lag: int) -> None:
+        self.names, self.lag = names, lag
+        self.kept: dict[int, dict[str, Tensor]] = {}
+
+    def record(self, model: Trainable, step: int) -> None:
+        """Keep the weights ``model`` holds at the start of ``step`` (recording a step again replaces it)."""
+        params = dict(model.named_parameters())
+        self.kept[step] = {n: params[n].detach().clone() for n in self.names}
+
+    def lagged(self, model: Trainable, step: int) -> dict[str, Tensor]:
+        """Record ``step``'s weights, return those of ``step - lag`` (step 0's before that) and forget what no later
+        step needs."""
+        self.record(model, step)
+        source = max(step - self.lag, 0)
+        if source not in self.kept:
+            raise ProbeError(f"the gradient through attention's weights of {self.lag} steps ago needs those of step "
+                             f"{source}, which this run did not keep (train from step 0, or resume from a checkpoint "
+                             f"with its optimizer state)")
+        weights = self.kept[source]
+        for s in [s for s in self.kept if s < max(step + 1 - self.lag, 0)]:
+            del self.kept[s]
+        return weights
+
+    def state_dict(self) -> list[list[Any]]:
+        return [[s, dict(w)] for s, w in sorted(self.kept.items())]
+
+    def load_state_dict(self, kept: list[list[Any]]) -> None:
+        self.kept = {int(s): dict(w) for s, w in kept}
+
+
+class LaggedAttentionPath(CounterfactualPath):
+    """``CounterfactualPath`` through attention's weights of ``history.lag`` steps before ``step``, which it records
+    as it runs (``AttentionHistory.lagged``): the recurrent sublayer learns through an attention mismatched with the
+    forward pass by a controlled amount. Four backward passes a step."""
+
+    def __init__(self, block: int | None, through: tuple[int, ...] | None, history: AttentionHistory,
+                 step: int) -> None:
+        super().__init__(block, through, {})
+        self.history, self.step = history, step
+
+    def backward(self, model: Trainable, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
+        self.replaced = self.history.lagged(model, self.step)
+        return super().backward(model, loss_fn)
+
+
+RANDOM_SEED_FORMULA = "2**40 + train.seed * 1000003 + step"
+"""The seed of a step's random direction (``random_direction_seed``): a pure function of the run's seed and the step,
+so a resumed run draws what the uninterrupted one would have, and apart from every batch seed."""
+
+
+def random_direction_seed(seed: int, step: int) -> int:
+    """The seed of the random direction of ``step`` in a run seeded ``seed`` (``RANDOM_SEED_FORMULA``)."""
+    return (1 << 40) + seed * 1_000_003 + step
+
+
+class RandomDirection(GradientPolicy):
+    """Block ``block``'s recurrent sublayer (every block's if None) gets, in place of its gradient through attention,
+    a random direction of the same norm, drawn afresh each step:
+
+        g_lstm = g_cut + r,   r_p = |g_full,p - g_cut,p| z_p / |z_p|,   z_p ~ N(0, I)
+
+    for each parameter tensor p, with g_cut the gradient with the stream detached at the attention of ``through``.
+    The norm is matched per tensor rather than over the sublayer at once so that the injection is as large as
+    attention's part in every tensor (input weights, recurrent weights, biases, the pre-LN): AdamW normalises each
+    element by its own history, so a direction that moved norm between tensors would change the steps' sizes as well
+    as their direction. z comes from a generator seeded by ``random_direction_seed(seed, step)`` on the CPU, the same
+    on any device. Every other parameter gets the plain gradient. Two backward passes a step."""
+
+    def __init__(self, block: int | None, through: tuple[int, ...] | None, seed: int) -> None:
+        self.block, self.through, self.seed = block, through, seed
+
+    def backward(self, model: Trainable, loss_fn: LossFn) -> tuple[Tensor, Tensor]:
+        import torch
+
+        params = [p for p in model.recurrent_parameters(self.block) if p.requires_grad]
+        if not params:
+            return super().backward(model, loss_fn)
+        cut = _grads(loss_fn, params, _detached(model, self.through))
+        logits, loss = super().backward(model, loss_fn)
+        g = torch.Generator().manual_seed(self.seed)
+        for p, c in zip(params, cut, strict=True):
+            full = p.grad if p.grad is not None else torch.zeros_like(p)
+            z = torch.randn(p.shape, generator=g).to(device=p.device, dtype=c.dtype)
+            p.grad = c + torch.linalg.vector_norm(full - c) / torch.linalg.vector_norm(z) * z
         return logits, loss
 
 
@@ -162,7 +264,9 @@ class MlpPlacebo(GradientPolicy):
         g_lstm = g_full - s * g_mlp,   s = min(1, |g_att| / |g_mlp|)
 
     norms taken over the sublayer's parameters together, so the removed norm |s * g_mlp| equals |g_att| (or is all of
-    g_mlp where that is smaller). Every other parameter gets the plain gradient. Three backward passes a step."""
+    g_mlp where that is smaller: the cap binds). Every other parameter gets the plain gradient. Three backward passes
+    a step. ``log`` holds, per step and before gradient clipping, |g_att| (``placebo_attention_norm``, what
+    ``stopgrad-rnnN`` would remove), |g_mlp|, the norm removed, s, and whether the cap bound."""
 
     def __init__(self, block: int | None) -> None:
         self.block = block
@@ -184,4 +288,9 @@ class MlpPlacebo(GradientPolicy):
         scale = torch.clamp(att_norm / mlp_norm, max=1.0) if mlp_norm > 0 else mlp_norm.new_zeros(())
         for p, f, m in zip(params, full, mlp, strict=True):
             p.grad = f - scale * m
+        # what the match rests on, so that it can be recomputed from the run's log: the norm each path held, the
+        # norm removed (from the MLP path; attention's is removed from nowhere) and whether the cap bound
+        self.log = {"placebo_attention_norm": float(att_norm), "placebo_mlp_norm": float(mlp_norm),
+                    "placebo_removed_norm": float(scale * mlp_norm), "placebo_scale": float(scale),
+                    "placebo_cap_bound": bool(att_norm > mlp_norm)}
         return logits, loss

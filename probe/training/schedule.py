@@ -5,7 +5,18 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from probe.errors import ProbeError
-from probe.training.policies import PLAIN, DetachAttention, GradientPolicy, InitialAttentionPath, MlpPlacebo, SplitCut
+from probe.training.policies import (
+    PLAIN,
+    AttentionHistory,
+    CounterfactualPath,
+    DetachAttention,
+    GradientPolicy,
+    LaggedAttentionPath,
+    MlpPlacebo,
+    RandomDirection,
+    SplitCut,
+    random_direction_seed,
+)
 from probe.training.settings import ScheduleConfig, check_fits_model
 
 if TYPE_CHECKING:
@@ -16,10 +27,13 @@ if TYPE_CHECKING:
 
 
 class Schedule:
-    """The live schedule of one run. Its only mutable state is the adaptive switch step (saved for resume)."""
+    """The live schedule of one run. Its mutable state is the adaptive switch step and, for ``lagged-attention``, the
+    attention weights of the last ``cut_lag`` steps (both saved for resume). ``seed``: the run's, which seeds the
+    ``random-direction`` draws."""
 
-    def __init__(self, cfg: ScheduleConfig, total_steps: int, switched_at: int | None = None) -> None:
+    def __init__(self, cfg: ScheduleConfig, total_steps: int, switched_at: int | None = None, seed: int = 0) -> None:
         self.cfg = cfg
+        self.seed = seed
         self.total_steps = total_steps
         self.switch_step = 0 if cfg.switch is None else cfg.switch.resolve(total_steps)
         self.window = cfg.ramp_window.resolve(total_steps)
@@ -31,7 +45,9 @@ class Schedule:
                 f"({total_steps}); give the switch as a fraction of the run (schedule.switch=44%) or train longer"
             )
         self.switched_at = switched_at
-        self.initial_attention: dict[str, Tensor] | None = None
+        self.initial_attention: dict[str, Tensor] | None = None  # initial-attention's counterfactual weights
+        self.initial_model: dict[str, Tensor] | None = None  # initial-model's
+        self.history: AttentionHistory | None = None  # lagged-attention's copies of attention, by step
         self._best = -1.0
         self._stale = 0
 
@@ -74,26 +90,44 @@ class Schedule:
             return PLAIN
         if self.cfg.cut == "all":
             return DetachAttention(self.cfg.cut_through)
-        if self.cfg.cut_mode == "initial-attention":
-            if self.initial_attention is None:
-                raise ProbeError(f"schedule {self.cfg.name}: the gradient through attention's initial weights needs "
-                                 f"them; call Schedule.remember_initial(model) on the freshly built model")
-            return InitialAttentionPath(self.cfg.cut_block, self.cfg.cut_through, self.initial_attention)
+        if self.cfg.cut_mode in ("initial-attention", "initial-model", "lagged-attention"):
+            replaced = {"initial-attention": self.initial_attention, "initial-model": self.initial_model,
+                        "lagged-attention": self.history}[self.cfg.cut_mode]
+            if replaced is None:
+                raise ProbeError(f"schedule {self.cfg.name}: the gradient through a counterfactual model needs its "
+                                 f"weights; call Schedule.remember_initial(model) on the freshly built model")
+            if isinstance(replaced, AttentionHistory):
+                return LaggedAttentionPath(self.cfg.cut_block, self.cfg.cut_through, replaced, step)
+            return CounterfactualPath(self.cfg.cut_block, self.cfg.cut_through, replaced)
         if self.cfg.cut_mode == "mlp-placebo":
             return MlpPlacebo(self.cfg.cut_block)
+        if self.cfg.cut_mode == "random-direction":
+            return RandomDirection(self.cfg.cut_block, self.cfg.cut_through, random_direction_seed(self.seed, step))
         return SplitCut(self.cfg.cut, self.cfg.cut_block, self.cfg.cut_through)
 
     def remember_initial(self, model: HookedSequenceModel) -> None:
-        """Keep the initial weights of the attention the ``initial-attention`` cut routes through; call it on the
-        freshly built model (a resumed run rebuilds it from the same seed before loading its weights, so it keeps the
-        same ones). A no-op for other schedules."""
-        if self.cfg.cut_mode != "initial-attention":
+        """Keep the initial weights that a counterfactual cut routes through: attention's (with its pre-LN) for
+        ``initial-attention``, every parameter's but the learning recurrent sublayer's for ``initial-model``, and
+        attention's as the first entry of ``lagged-attention``'s history. Call it on the freshly built model (a
+        resumed run rebuilds it from the same seed before loading its weights, so it keeps the same ones; its
+        history comes from the checkpoint). A no-op for other schedules."""
+        mode = self.cfg.cut_mode
+        if mode not in ("initial-attention", "initial-model", "lagged-attention"):
             return
         names = {id(p): n for n, p in model.named_parameters()}
+        if mode == "initial-model":
+            learning = {id(p) for p in model.recurrent_parameters(self.cfg.cut_block)}
+            self.initial_model = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) not in learning}
+            return
         through = self.cfg.cut_through
         chosen = [b for i, b in enumerate(model.blocks) if hasattr(b, "attn") and (through is None or i in through)]
-        self.initial_attention = {names[id(p)]: p.detach().clone() for b in chosen for m in (b.attn, b.ln_attn)
-                                  for p in m.parameters()}
+        attention = [names[id(p)] for b in chosen for m in (b.attn, b.ln_attn) for p in m.parameters()]
+        if mode == "lagged-attention":
+            self.history = AttentionHistory(attention, int(self.cfg.cut_lag or 0))
+            self.history.record(model, 0)
+            return
+        params = dict(model.named_parameters())
+        self.initial_attention = {n: params[n].detach().clone() for n in attention}
 
     def check_model(self, model: HookedSequenceModel) -> None:
         """Refuse, before any training, a schedule that does nothing on this model or a cut that names blocks the
@@ -115,10 +149,10 @@ class Schedule:
         """On a wrapped model a cut acts through its named modules: ``cut_block`` is the i-th named recurrent module,
         ``cut_through`` the i-th named attention module. The cuts that need probe's own blocks (an MLP placebo, the
         path through attention's initial weights, which reads each block's pre-LN) are refused."""
-        if self.cfg.cut_mode in ("initial-attention", "mlp-placebo"):
+        if self.cfg.cut_mode in ("initial-attention", "mlp-placebo", "lagged-attention", "initial-model"):
             raise ProbeError(f"schedule {self.cfg.name}: the {self.cfg.cut_mode} cut needs probe's own blocks (their "
-                             "MLPs and pre-LayerNorms); a wrapped model trains joint, dat, ramp, frozen, adaptive and "
-                             "the stopgrad cuts")
+                             "MLPs and pre-LayerNorms); a wrapped model trains joint, dat, ramp, frozen, adaptive, "
+                             "the stopgrad cuts and random-path")
         n_rec, n_att = len(model.recurrent_names), len(model.attention_names)
         if self.cfg.cut_block is not None and self.cfg.cut_block >= n_rec:
             raise ProbeError(f"schedule {self.cfg.name}: the model has {n_rec} named recurrent module(s), no "
@@ -141,11 +175,18 @@ class Schedule:
             return True
         return False
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"switched_at": self.switched_at, "best": self._best, "stale": self._stale}
+    def state_dict(self, resume: bool = False) -> dict[str, Any]:
+        """The mutable state; with ``resume`` also ``lagged-attention``'s history of attention weights, which only a
+        checkpoint to resume from needs (it is ``cut_lag`` copies of attention: kept out of trajectory snapshots)."""
+        d: dict[str, Any] = {"switched_at": self.switched_at, "best": self._best, "stale": self._stale}
+        if resume and self.history is not None:
+            d["attention_history"] = self.history.state_dict()
+        return d
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
         self.switched_at = d.get("switched_at")
         self._best = float(d.get("best", -1.0))
         self._stale = int(d.get("stale", 0))
+        if self.history is not None and "attention_history" in d:
+            self.history.load_state_dict(d["attention_history"])
 

@@ -21,15 +21,18 @@ CUTS = ("none", "all", "recurrent", "nonrecurrent")
 """Whose gradient through attention is cut: nobody's; every parameter's (the residual stream is detached where it
 enters attention); the recurrent sublayers' only (LSTMs and their pre-LN; ``cut_block`` narrows it to one block's); or
 every parameter's but theirs. The split cuts take two backward passes a step."""
-CUT_MODES = ("drop", "initial-attention", "mlp-placebo")
+CUT_MODES = ("drop", "initial-attention", "mlp-placebo", "random-direction", "lagged-attention", "initial-model")
 """How a recurrent cut treats the gradient it cuts: drops it; replaces it by the gradient through attention's
-*initial* weights (attention still learns, but the LSTM never learns through an attention that has learned); or keeps
+*initial* weights (attention still learns, but the LSTM never learns through an attention that has learned); keeps
 attention's path and instead removes an equal norm from the paths through the MLPs (a placebo: as much gradient
-taken away, none of it attention's)."""
+taken away, none of it attention's); replaces it by a random direction of the same norm (does *any* injected term
+harm?); by the gradient through attention's weights of ``cut_lag`` steps ago (mismatched by a controlled amount); or
+by the gradient through a whole model at its initial weights except the recurrent sublayer that learns (a consistent
+counterfactual, where ``initial-attention`` mixes initial attention with current MLPs)."""
 POINTS = ("switch", "ramp_window", "min_switch", "cut_until")
 """The settings that are points in the run (``At``)."""
-SHAPE = ("gate", "attention_trains", "cut", "cut_block", "cut_through", "cut_mode", "freeze_recurrent_after_switch",
-         "adaptive")
+SHAPE = ("gate", "attention_trains", "cut", "cut_block", "cut_through", "cut_mode", "cut_lag",
+         "freeze_recurrent_after_switch", "adaptive")
 """The settings that make a variant what it is (its name); the others say when and how fast."""
 ADAPTIVE_ONLY = ("patience", "min_delta", "target", "min_switch")
 """The settings only an adaptive schedule reads."""
@@ -50,7 +53,9 @@ class ScheduleConfig:
       ``cut_mode``: with ``recurrent``, what becomes of the cut gradient (``CUT_MODES``: dropped, recomputed through
       attention's initial weights, or kept while a matched share of the MLP paths is removed instead). The cut
       leaves the forward unchanged and attention's own weights learning: it is the causal test of "attention's
-      gradients pollute the LSTM".
+      gradients pollute the LSTM". ``cut_lag``: with ``cut_mode=lagged-attention``, how many steps old the
+      attention weights are that the recurrent sublayer learns through (a part of the variant's name: ``lagged-copy-50``
+      and ``lagged-copy-250`` are two variants).
     - ``freeze_recurrent_after_switch``: from the switch on the recurrent sublayers (LSTM and its pre-LN) stop
       training, so that phase 2 cannot co-adapt them; embeddings, MLPs and attention still train.
     - ``adaptive``: switch when the state-subtask validation accuracy of phase 1 has not improved by ``min_delta``
@@ -72,6 +77,7 @@ class ScheduleConfig:
     cut_through: tuple[int, ...] | None = None
     cut_until: At | None = None
     cut_mode: str = "drop"
+    cut_lag: int | None = None
     freeze_recurrent_after_switch: bool = False
     adaptive: bool = False
     patience: int = 3
@@ -135,6 +141,12 @@ class ScheduleConfig:
             raise ProbeError("schedule.cut_until needs a schedule.cut")
         if self.cut_mode != "drop" and self.cut != "recurrent":
             raise ProbeError(f"schedule.cut_mode={self.cut_mode} needs schedule.cut=recurrent")
+        if (self.cut_lag is not None) != (self.cut_mode == "lagged-attention"):
+            raise ProbeError("schedule.cut_lag goes with schedule.cut_mode=lagged-attention, and only with it (the "
+                             "lag in steps, e.g. 50)")
+        if self.cut_lag is not None and (isinstance(self.cut_lag, bool) or not isinstance(self.cut_lag, int)
+                                         or self.cut_lag < 1):
+            raise ProbeError(f"schedule.cut_lag must be a positive number of steps, got {self.cut_lag!r}")
         if self.cut_mode == "mlp-placebo" and self.cut_through is not None:
             # the placebo's share is attention's as a whole: its MLP paths are those that avoid every attention
             raise ProbeError("schedule.cut_mode=mlp-placebo measures the path through every attention; drop "
@@ -231,6 +243,13 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # attention's initial weights only, while attention itself learns normally
     "placebo": dict(cut="recurrent", cut_block=0, cut_mode="mlp-placebo"),  # LSTM 0 loses as much gradient as
     # stopgrad-rnn0 removes, taken from its attention-free MLP paths; attention's path stays
+    # controls for frozen-copy, whose injected gradient mismatches the forward pass: does any injected term harm
+    # (random-path), one mismatched by a controlled lag (lagged-copy-K), or only an inconsistent counterfactual
+    # (frozen-model-copy: the whole model but LSTM 0 at its initial weights)?
+    "random-path": dict(cut="recurrent", cut_block=0, cut_mode="random-direction"),
+    "lagged-copy-50": dict(cut="recurrent", cut_block=0, cut_mode="lagged-attention", cut_lag=50),
+    "lagged-copy-250": dict(cut="recurrent", cut_block=0, cut_mode="lagged-attention", cut_lag=250),
+    "frozen-model-copy": dict(cut="recurrent", cut_block=0, cut_mode="initial-model"),
     # which attention's path into which LSTM: one path at a time, so block 0 and block 1 compare without confound
     "stopgrad-rnn0-att0": dict(cut="recurrent", cut_block=0, cut_through=(0,)),
     "stopgrad-rnn0-att1": dict(cut="recurrent", cut_block=0, cut_through=(1,)),

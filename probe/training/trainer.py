@@ -41,7 +41,7 @@ class Trainer:
         self.device = torch.device(device)
         self.progress = progress
         # every check that can refuse comes before the model is built, so a refusal costs nothing
-        self.schedule = Schedule(cfg.schedule, cfg.steps)
+        self.schedule = Schedule(cfg.schedule, cfg.steps, seed=cfg.seed)
         if cfg.compile:
             hardware.check_compile(self.device)
         self.precision_used, note = hardware.precision_used(cfg.precision, self.device)
@@ -70,6 +70,7 @@ class Trainer:
         self.metrics: dict[str, Any] = {}
         self.running: dict[str, float] = {}
         self._bar_eval: dict[str, str] = {}
+        self.gradient_log: dict[str, Any] | None = None  # the last step's gradient policy's record, if any
 
     # --- state --------------------------------------------------------------------------------------------
     def _apply_schedule(self, step: int) -> None:
@@ -88,7 +89,8 @@ class Trainer:
         return checkpoint_from_model(
             self.model, self.task, model_config=self.model_cfg, train_config=self.cfg.to_dict(), step=self.step,
             optimizer_state=self.optimizer.state_dict() if with_optimizer else None,
-            metrics=self.metrics, extra={"schedule_state": self.schedule.state_dict(), "running": dict(self.running),
+            metrics=self.metrics, extra={"schedule_state": self.schedule.state_dict(resume=with_optimizer),
+                                         "running": dict(self.running),
                                          "precision_used": self.precision_used, KEY: state.to_dict(),
                                          "device": hardware.device_name(self.device)},
         )
@@ -135,6 +137,7 @@ class Trainer:
         # the schedule decides how the gradient is taken (plainly, or with attention's backward path cut)
         policy = self.schedule.gradient_policy(step)
         logits, loss = policy.backward(self.model, lambda: self._loss(batch, step))
+        self.gradient_log = policy.log
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.optimizer.step()
         mask = batch.answer_mask
@@ -220,6 +223,8 @@ class Trainer:
             if bar is not None and self.step % 10 == 0:
                 bar.set_postfix(loss=f"{run_loss:.3f}", acc=f"{run_acc:.3f}", **self._bar_eval)
             self.step += 1
+            if self.gradient_log:  # per step, as "step" counts in every record: the update that made it self.step
+                self._log({"step": self.step, **self.gradient_log})
             if self.step % self.cfg.eval_every == 0 or self.step == self.cfg.steps:
                 acc = self.evaluate()
                 switched = self.schedule.observe(self.step, acc["state_acc_1x"])
