@@ -236,7 +236,8 @@ PROBE_MODEL_PARTS = frozenset({"blocks", "embed", "unembed", "ln_final", "pos_em
                                "W_in", "W_out", "b_in", "b_out", "set_fp32_recurrence", "accumulated_bias"})
 """What analyses written for probe's own blocks read; on a wrapped model each is refused in one line."""
 
-WORKS_ON_WRAPPED = "probe.gradients (the split and the lookahead) and probe.probes (--no-patching)"
+WORKS_ON_WRAPPED = ("probe.gradients (the split and the lookahead), probe.probes (its interventions where an nn.LSTM / "
+                    "nn.GRU is named) and probe.attributions (occlusion, path patching, component ablation)")
 
 
 class WrappedModel(HookedRootModule):

@@ -133,14 +133,14 @@ def test_refusals_are_one_line(task):
 
 
 def test_what_only_probes_own_models_have_is_refused_in_one_line(task):
-    """Analyses written for probe's blocks (attributions, shortcuts, sharpness) stop on a wrapped model with one line
-    that names the analyses that run on it; hasattr still answers False."""
+    """Analyses written for probe's blocks (shortcuts, sharpness, attention reads) stop on a wrapped model with one
+    line that names the analyses that run on it; hasattr still answers False."""
     from probe.models.cache import UnknownHookError
     from probe.wrapped import NotExposedError
 
     wrapped = wrapped_hybrid(task)
     assert not hasattr(wrapped, "blocks")
-    with pytest.raises(NotExposedError, match="probe.gradients .* probe.probes") as e:
+    with pytest.raises(NotExposedError, match="probe.gradients .* probe.probes .* probe.attributions") as e:
         wrapped.attention_blocks  # noqa: B018
     assert "\n" not in str(e.value)
     with pytest.raises(UnknownHookError, match="no probe blocks"):
@@ -184,8 +184,6 @@ def test_probe_table(task):
     cols = {"probe_acc", "control_acc", "selectivity", "random_init_acc", "majority_acc", "n"}
     assert cols <= set(result.by_length.columns)
     assert result.by_length.probe_acc.between(0, 1).all() and not result.controls.empty
-    with pytest.raises(ProbeError, match="patching=False"):
-        probe_model(wrapped, task, lengths=[8], patching=True)
 
 
 def test_random_init_copy_is_hooked_on_its_own(task):

@@ -16,16 +16,17 @@ from probe.core.meta import variant_name
 from probe.core.progress import note, progress_iter
 from probe.core.rows import CONTROL, INSTRUMENT, labelled
 from probe.core.seeds import PROBES
-from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
 from probe.probes.controls import MARGIN, control_target_rows, pooled, shuffled_labels_row
 from probe.probes.fit import (
     BANDS,
     Activations,
     band_mask,
+    cell_paths,
     collect_activations,
     converged,
     fit_probe,
+    is_state_hook,
     lstm_blocks,
     random_init_like,
     readout_basis,
@@ -34,6 +35,7 @@ from probe.probes.fit import (
     state_names,
 )
 from probe.probes.interventions import SAME_SUM_MAX, interchange_intervention
+from probe.probes.outputs import output_interchange
 from probe.probes.targets import resolve_windows
 from probe.tasks import TaskConfig
 from probe.wrapped import WrappedModel
@@ -121,7 +123,7 @@ def _training_data(model: HookedSequenceModel, task: TaskConfig, hooks: Sequence
 
 
 def probe_model(
-    model: HookedSequenceModel, task: TaskConfig, lengths: Sequence[int] | None = None,
+    model: HookedSequenceModel | WrappedModel, task: TaskConfig, lengths: Sequence[int] | None = None,
     hooks: Sequence[str] | None = None, n_train: int = 200, n_train_beyond: int = 100, n_test: int = 48,
     seed: int = 0, patching: bool = True, n_patch: int = 48, control: str = "permuted", name: str = "<model>",
     progress: bool = False, windows: Sequence[int | str] = (), random_subspaces: int = 0,
@@ -133,10 +135,11 @@ def probe_model(
     ``windows`` (``targets.WINDOWS`` for the default set; ``"L"`` = L_train): each hook's probe rows are repeated in
     ``window_targets`` beside a probe of the sum of the last k numbers, with a ``window{k}_target`` control.
     ``random_subspaces``: draws of the random-subspace baseline of the subspace interchange. Both are off by default
-    so that a caller that prints the result (a notebook) gets the same tables as before they existed."""
-    if patching and isinstance(model, WrappedModel):
-        raise ProbeError(f"{name}: the interventions on the recurrent state are written for probe's own blocks, not "
-                         "yet for a wrapped model: pass patching=False (--no-patching) for the probes alone")
+    so that a caller that prints the result (a notebook) gets the same tables as before they existed.
+
+    A wrapped model: each layer of a named ``nn.LSTM`` / ``nn.GRU`` is a block of the state interventions; every
+    other named recurrent module gets the module-level interchange of its outputs (``probe.probes.outputs``: kinds
+    ``output`` and ``output_same_sum``, no verdict)."""
     model.eval()
     L = task.train_length
     window_names = resolve_windows(windows, L)
@@ -222,7 +225,12 @@ def probe_model(
     interventions, ctrl_rows = (interchange_intervention(model, task, lengths, n_patch, seed, bases=bases,
                                                          random_draws=random_subspaces)
                                 if patching else (pd.DataFrame(), pd.DataFrame()))
-    verdicts = verdict_rows(interventions, by_length, L) if not interventions.empty else pd.DataFrame()
+    verdicts = (verdict_rows(interventions, by_length, L, cell_paths(model)) if not interventions.empty
+                else pd.DataFrame())
+    if patching and isinstance(model, WrappedModel):  # modules whose state cannot be set: their outputs from t on
+        outputs, output_ctrl = output_interchange(model, task, lengths, n_patch, seed)
+        interventions = pd.concat([interventions, outputs], ignore_index=True)
+        ctrl_rows = pd.concat([ctrl_rows, output_ctrl], ignore_index=True)
     result_controls = pd.concat([pd.DataFrame(controls), ctrl_rows], ignore_index=True)
     meta = {"train_positions_n": int(len(train.labels)), "test_positions_n": int(len(test.labels)), "m": task.m,
             "position_bucket": width, "n_train": n_train, "n_train_beyond": n_train_beyond, "n_test": n_test,
@@ -240,7 +248,8 @@ def _band_at(length: int, train_length: int) -> str:
     return "beyond" if length > train_length else "in"
 
 
-def verdict_rows(interventions: pd.DataFrame, by_length: pd.DataFrame, train_length: int) -> pd.DataFrame:
+def verdict_rows(interventions: pd.DataFrame, by_length: pd.DataFrame, train_length: int,
+                 cells: Sequence[str] = ()) -> pd.DataFrame:
     """Per (recurrent block, length): is s_t decodable from that block's state, and is it what the answers use?
 
     *decodable*: the best probe on a hook of the block's recurrent sublayer (by default its state vectors and the
@@ -252,7 +261,8 @@ def verdict_rows(interventions: pd.DataFrame, by_length: pd.DataFrame, train_len
     state alone says that the state is sufficient, not that s_t is the variable used. Otherwise "state used, s_t
     not isolated" (the whole state moves the answers, s_t's subspace does not or the rest of the history also
     does), "used jointly" (the block alone moves some answers, at least ``JOINT_MIN`` above the chance floor, and
-    every block together moves at least ``USED``), or "not used".
+    every block together moves at least ``USED``), or "not used". ``cells``: a wrapped model's ``cell_paths``
+    (block k is its k-th hooked cell).
     """
     iv = interventions.set_index(["kind", "block", "length", "test_positions"])
     rows = []
@@ -264,7 +274,7 @@ def verdict_rows(interventions: pd.DataFrame, by_length: pd.DataFrame, train_len
             return float(iv.loc[key, column]) if key in iv.index else float("nan")
 
         hooks = [h for h in by_length.hook.unique()
-                 if (slot_block(h) == block if block >= 0 else ".lstm.hook_" in h)]
+                 if (slot_block(h, cells) == block if block >= 0 else is_state_hook(h, cells))]
         sel = by_length[by_length.hook.isin(hooks) & (by_length.length == length) & (by_length.test_positions == band)]
         full, same, sub = get("full", "iia"), get("same_sum", "changed_frac"), get("subspace", "iia")
         used = full >= USED and sub >= SUBSPACE_SHARE * full and same <= SAME_SUM_MAX
@@ -287,6 +297,7 @@ def verdict_rows(interventions: pd.DataFrame, by_length: pd.DataFrame, train_len
 
 
 CONTROL_KINDS = {"shuffled_labels": INSTRUMENT, "identity_patch": INSTRUMENT, "same_sum": CONTROL,
+                 "output_same_sum": CONTROL,
                  "random_subspace": CONTROL, "window": CONTROL}
 """Kinds of the probe rows: the control targets (``<target>_target``, every other name; ``window{k}_target``: a
 windowed sum) are targets a shortcut-taking model could decode instead, the same-sum interchange a source that would

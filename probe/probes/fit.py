@@ -17,6 +17,7 @@ from threadpoolctl import threadpool_limits
 from probe.core.seeds import PROBES
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
+from probe.models.recurrent import HookedRecurrent
 from probe.probes.targets import control_labels
 from probe.tasks import TaskConfig
 from probe.wrapped import WrappedModel
@@ -45,19 +46,35 @@ def band_mask(position: np.ndarray, train_length: int, band: str) -> np.ndarray:
 
 
 def lstm_blocks(model: HookedSequenceModel | WrappedModel) -> list[int]:
-    """The blocks with a recurrent sublayer (``blocks.{i}.lstm``, any cell); none in a wrapped model, which has no
-    blocks (its per-step states are ``WrappedModel.state_hooks``)."""
+    """The blocks with a recurrent sublayer (``blocks.{i}.lstm``, any cell). A wrapped model has no blocks: its
+    "blocks" here are its hooked cells (each layer of a named ``nn.LSTM`` / ``nn.GRU``, ``WrappedModel.hooked_cells``),
+    numbered in order; a recurrent module with module-level hooks only has no per-step state to read or set."""
     if isinstance(model, WrappedModel):
-        return []
+        return list(range(len(model.hooked_cells)))
     return [i for i, b in enumerate(model.blocks) if hasattr(b, "lstm")]
 
 
-def state_names(model: HookedSequenceModel, block: int) -> list[str]:
+def recurrent_cell(model: HookedSequenceModel | WrappedModel, block: int) -> HookedRecurrent:
+    """Block ``block``'s recurrent sublayer (``lstm_blocks`` numbering), the cell whose ``override_state`` the
+    interventions use."""
+    if isinstance(model, WrappedModel):
+        return list(model.hooked_cells.values())[block]
+    return model.blocks[block].lstm
+
+
+def cell_paths(model: HookedSequenceModel | WrappedModel) -> list[str]:
+    """A wrapped model's hooked cells' paths in ``lstm_blocks`` order (``lstm.layers.0``); none for probe's own."""
+    return list(model.hooked_cells) if isinstance(model, WrappedModel) else []
+
+
+def state_names(model: HookedSequenceModel | WrappedModel, block: int) -> list[str]:
     """The hooks of the recurrent state of block ``block``: one per name in its cell's ``STATES``, the output h
     first, then what the recurrence carries besides it (the LSTM's c, the SSM's ``state``; the GRU carries h
     alone). This is "the state" everywhere in the probes: the vectors probed as the state, and the ones the
-    interventions read and set with ``override_state`` (which takes them in this order)."""
-    return [f"blocks.{block}.lstm.hook_{s}" for s in model.blocks[block].lstm.STATES]
+    interventions read and set with ``override_state`` (which takes them in this order). A wrapped model's:
+    ``{cell path}.hook_h`` (``lstm.layers.0.hook_h``), ``hook_c``."""
+    prefix = f"{cell_paths(model)[block]}." if isinstance(model, WrappedModel) else f"blocks.{block}.lstm."
+    return [f"{prefix}hook_{s}" for s in recurrent_cell(model, block).STATES]
 
 
 def state_hook(model: HookedSequenceModel, blocks: Sequence[int]) -> str:
@@ -66,12 +83,22 @@ def state_hook(model: HookedSequenceModel, blocks: Sequence[int]) -> str:
     return JOIN.join(n for i in blocks for n in state_names(model, i))
 
 
-def slot_block(hook: str) -> int | None:
+def slot_block(hook: str, cells: Sequence[str] = ()) -> int | None:
     """The block whose recurrent sublayer every part of ``hook`` belongs to, or None (another sublayer, or parts
-    from several blocks)."""
-    found = {p.split(".")[1] if p.startswith("blocks.") and ".lstm.hook_" in p else None for p in parts(hook)}
+    from several blocks). ``cells``: a wrapped model's ``cell_paths``, whose k-th cell is block k."""
+    def block_of(p: str) -> str | None:
+        if p.startswith("blocks.") and ".lstm.hook_" in p:
+            return p.split(".")[1]
+        return next((str(k) for k, c in enumerate(cells) if p.startswith(f"{c}.hook_")), None)
+
+    found = {block_of(p) for p in parts(hook)}
     block = found.pop() if len(found) == 1 else None
     return None if block is None else int(block)
+
+
+def is_state_hook(hook: str, cells: Sequence[str] = ()) -> bool:
+    """Whether some part of ``hook`` is a recurrent state (``slot_block`` finds its block)."""
+    return any(slot_block(p, cells) is not None for p in parts(hook))
 
 
 def default_hooks(model: HookedSequenceModel) -> list[str]:

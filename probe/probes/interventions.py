@@ -16,7 +16,7 @@ from torch import Tensor
 from probe.core.seeds import PATCHING
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
-from probe.probes.fit import lstm_blocks, state_names
+from probe.probes.fit import lstm_blocks, recurrent_cell, state_names
 from probe.tasks import Batch, TaskConfig
 
 PATCH_SEED_BASE = PATCHING
@@ -180,7 +180,7 @@ def patched_logits(model: HookedSequenceModel, tokens: Tensor, position: int, st
     continues from the set state (the cell's ``override_state``)."""
     with contextlib.ExitStack() as stack:
         for i, state in states.items():
-            stack.enter_context(model.blocks[i].lstm.override_state(position, *state))
+            stack.enter_context(recurrent_cell(model, i).override_state(position, *state))
         return model(tokens)
 
 
@@ -190,6 +190,60 @@ def _cat_states(parts: list[States]) -> States:
 
 def _rows(states: States, rows: slice) -> States:
     return {i: tuple(v[rows] for v in state) for i, state in states.items()}
+
+
+Tally = dict[tuple[Any, ...], dict[str, float]]
+"""Answer counts per (kind, block, length, band): what ``tally_rows`` turns into result rows."""
+
+
+def answer_bands(pair: InterchangePair, train_length: int, device: torch.device | str) -> dict[str, Tensor]:
+    """The later state answers of ``pair`` by band: ``in`` (stream position <= L_train), ``beyond``, ``all``."""
+    later = pair.later.to(device)
+    stream_pos = torch.arange(later.shape[1], device=device) - pair.base.prefix_len + 1
+    return {"in": later & (stream_pos <= train_length), "beyond": later & (stream_pos > train_length), "all": later}
+
+
+def count_answers(tally: Tally, key: tuple[Any, ...], pred: Tensor, pred0: Tensor, cf: Tensor, base_labels: Tensor,
+                  bands: Mapping[str, Tensor]) -> None:
+    """Add one patched run's answers (``pred``; ``pred0`` unpatched) to ``tally[(*key, band)]`` for every band."""
+    right = pred0 == base_labels
+    for band, mask in bands.items():
+        row = tally.setdefault((*key, band), dict.fromkeys(
+            ("n", "iia", "changed", "base_follow", "unpatched_cf", "model_acc", "cf_right"), 0.0))
+        row["n"] += float(mask.sum())
+        row["iia"] += float(((pred == cf) & mask).sum())
+        row["changed"] += float(((pred != pred0) & mask).sum())
+        row["cf_right"] += float(((pred == cf) & right & mask).sum())
+        row["base_follow"] += float(((pred == base_labels) & mask).sum())
+        row["unpatched_cf"] += float(((pred0 == cf) & mask).sum())
+        row["model_acc"] += float((right & mask).sum())
+
+
+def tally_rows(tally: Tally, repeats: Mapping[str, int] | None = None) -> list[dict[str, Any]]:
+    """One result row per tally key with answers (see ``interchange_intervention``); ``repeats[kind]`` pooled draws
+    count once in ``n``."""
+    rows = []
+    for (kind, block, length, band), r in tally.items():
+        if r["n"] == 0:
+            continue
+        rows.append({"kind": kind, "block": block, "length": length, "test_positions": band,
+                     "n": int(r["n"]) // (repeats or {}).get(kind, 1),
+                     "iia": r["iia"] / r["n"], "changed_frac": r["changed"] / r["n"],
+                     **{c: r[c] / r["n"] for c in ("base_follow", "unpatched_cf", "model_acc")},
+                     "iia_correct": r["cf_right"] / r["model_acc"] if r["model_acc"] else float("nan")})
+    return rows
+
+
+def same_sum_controls(tally: Tally, kind: str, block: int) -> list[dict[str, Any]]:
+    """Per length, the ``kind`` (a same-sum source) control of ``block`` over all later answers: passes when at most
+    ``SAME_SUM_MAX`` of them change."""
+    rows = []
+    for (k, b, length, band), r in tally.items():
+        if k == kind and b == block and band == "all" and r["n"]:
+            frac = r["changed"] / r["n"]
+            rows.append({"control": kind, "length": length, "block": block, "n": int(r["n"]),
+                         "changed_frac": frac, "passed": frac <= SAME_SUM_MAX})
+    return rows
 
 
 @torch.no_grad()
@@ -227,7 +281,7 @@ def interchange_intervention(
     random_t = [{k: torch.as_tensor(v, dtype=torch.float32, device=device) for k, v in drawn.items()}
                 for drawn in random_bases(bases or {}, random_draws if basis_t else 0, seed)]
     repeats = {"subspace_random": max(len(random_t), 1)}  # draws pooled into one row per key
-    tally: dict[tuple[str, int, int, str], dict[str, float]] = {}
+    tally: Tally = {}
     identity: dict[tuple[int, int], dict[str, float]] = {}
     L = task.train_length
     for length in lengths:
@@ -245,8 +299,7 @@ def interchange_intervention(
             clean = model(base_tok)
             pred0 = clean.argmax(-1)
             later = full.later.to(device)
-            stream_pos = torch.arange(base_tok.shape[1], device=device) - full.base.prefix_len + 1
-            bands = {"in": later & (stream_pos <= L), "beyond": later & (stream_pos > L), "all": later}
+            bands = answer_bands(full, L, device)
             base_labels = full.base.labels.to(device)
             if k == len(ts) // 2:  # identity check, once per length (at the middle patch position)
                 for i in blocks:
@@ -267,39 +320,16 @@ def interchange_intervention(
                 logits = patched_logits(model, base_tok.repeat(len(runs), 1), pos,
                                         _cat_states([r[1] for r in runs]))
                 for j, (kind, _, cf) in enumerate(runs):
-                    pred = logits[j * b:(j + 1) * b].argmax(-1)
-                    cf = cf.to(device)
-                    for band, mask in bands.items():
-                        row = tally.setdefault((kind, block, length, band), dict.fromkeys(
-                            ("n", "iia", "changed", "base_follow", "unpatched_cf", "model_acc", "cf_right"), 0.0))
-                        right = pred0 == base_labels
-                        row["n"] += float(mask.sum())
-                        row["iia"] += float(((pred == cf) & mask).sum())
-                        row["changed"] += float(((pred != pred0) & mask).sum())
-                        row["cf_right"] += float(((pred == cf) & right & mask).sum())
-                        row["base_follow"] += float(((pred == base_labels) & mask).sum())
-                        row["unpatched_cf"] += float(((pred0 == cf) & mask).sum())
-                        row["model_acc"] += float((right & mask).sum())
-    results: list[dict[str, Any]] = []
-    for (kind, block, length, band), r in tally.items():
-        if r["n"] == 0:
-            continue
-        results.append({"kind": kind, "block": block, "length": length, "test_positions": band,
-                        "n": int(r["n"]) // repeats.get(kind, 1),
-                        "iia": r["iia"] / r["n"], "changed_frac": r["changed"] / r["n"],
-                        **{c: r[c] / r["n"] for c in ("base_follow", "unpatched_cf", "model_acc")},
-                        "iia_correct": r["cf_right"] / r["model_acc"] if r["model_acc"] else float("nan")})
+                    count_answers(tally, (kind, block, length), logits[j * b:(j + 1) * b].argmax(-1), pred0,
+                                  cf.to(device), base_labels, bands)
+    results = tally_rows(tally, repeats)
     controls: list[dict[str, Any]] = [
         {"control": "identity_patch", "length": length, "block": block, "n": int(r["n"]),
          "changed_frac": r["changed"] / max(r["n"], 1.0), "max_abs_logit_diff": r["max_diff"],
          "passed": r["changed"] == 0 and r["max_diff"] < IDENTITY_TOL}
         for (length, block), r in identity.items()]
     whole = -1 if len(blocks) > 1 else blocks[0]
-    for (kind, block, length, band), r in tally.items():
-        if kind == "same_sum" and block == whole and band == "all" and r["n"]:
-            frac = r["changed"] / r["n"]
-            controls.append({"control": "same_sum", "length": length, "block": block, "n": int(r["n"]),
-                             "changed_frac": frac, "passed": frac <= SAME_SUM_MAX})
+    controls += same_sum_controls(tally, "same_sum", whole)
     for (kind, block, length, band), r in tally.items():
         probe_run = tally.get(("subspace", block, length, band))
         if kind == "subspace_random" and block == whole and band == "all" and r["n"] and probe_run:
