@@ -98,13 +98,12 @@ def measure_transitions(model: HookedSequenceModel, task: TaskConfig, length: in
     stream = tokens[:, task.prefix_len:].reshape(-1).cpu()
     rows: list[dict[str, Any]] = []
     for i, layer in enumerate(layers):
-        a = cache[f"blocks.{i}.lstm.hook_a"][:, task.prefix_len:].float().reshape(-1, layer.k).cpu()
-        b = cache[f"blocks.{i}.lstm.hook_b"][:, task.prefix_len:].float().reshape(-1, layer.k).cpu()
-        if layer.complex:
-            modulus = a
-            phase = cache[f"blocks.{i}.lstm.hook_theta"][:, task.prefix_len:].float().reshape(-1, layer.k).cpu()
-        else:
-            modulus, phase = a.abs(), torch.where(a < 0, math.pi, 0.0)
+        gates = [cache[f"blocks.{i}.lstm.hook_{g}"][:, task.prefix_len:].float() for g in layer.GATES]
+        # the transition the scan applies (HookedSSM.transition), read as a modulus and a phase for every range: a
+        # real transition's phase (0, or pi where negative) is measured from it, never assumed from the range's name
+        a = layer.transition(gates).reshape(-1, layer.k).cpu()
+        b = gates[-1].reshape(-1, layer.k).cpu()
+        modulus, phase = a.abs(), torch.angle(a)
         for tok in stream.unique().tolist():
             at = stream == tok
             mean_phase, spread = _circ_mean(phase[at])
@@ -209,10 +208,11 @@ def known_rotation_check(model: HookedSequenceModel, task: TaskConfig, length: i
 
 
 @torch.no_grad()
-def _set_known(model: HookedSequenceModel, task: TaskConfig, channel: int) -> None:
-    """Set block 0's SSM channel ``channel`` as ``known_rotation_check`` describes. Block 0's SSM sees each token
-    as LayerNorm(embedding), so a row of in_proj that should take given values on given tokens is solved for by
-    least squares on those inputs (exact: more dimensions than tokens)."""
+def _set_known(model: HookedSequenceModel, task: TaskConfig, channel: int, k: int = 1) -> None:
+    """Set block 0's SSM channel ``channel`` as ``known_rotation_check`` describes (``complex``: the rotation
+    exp(2 pi i k d / m) on number d, of order m / gcd(k, m)). Block 0's SSM sees each token as LayerNorm(embedding),
+    so a row of in_proj that should take given values on given tokens is solved for by least squares on those inputs
+    (exact: more dimensions than tokens)."""
     layer = model.lstm_layers[0]
     x = model.blocks[0].ln_lstm(model.embed.weight.detach()[None].float())[0]  # (vocab, d)
     design = torch.cat([x, torch.ones(x.shape[0], 1, device=x.device)], dim=1)
@@ -230,7 +230,7 @@ def _set_known(model: HookedSequenceModel, task: TaskConfig, channel: int) -> No
         keep = torch.where(numbers & (digits % 2 == 1), 30.0, -30.0)  # a = 2 e^-8 - 1 on odd numbers: a flip
     solve(channel, keep)
     if layer.complex:
-        phase = torch.where(numbers, 2 * math.pi * digits / task.m, 0.0)
+        phase = torch.where(numbers, 2 * math.pi * k * digits / task.m, 0.0)
         solve(layer.k + channel, phase)
 
 

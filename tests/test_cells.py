@@ -225,15 +225,61 @@ def test_linear_scans_backward_is_the_adjoint_scan(dtype):
         assert torch.autograd.gradcheck(lambda *v: linear_scan(*v), inputs)
 
 
-def test_complex_ssm_can_count_mod_10_by_rotation():
-    """The construction the theory points to: a transition of modulus 1 and phase 2 pi d / 10 adds d mod 10."""
-    digits = torch.randint(0, 10, (4, 300), generator=torch.Generator().manual_seed(0))
-    theta = 2 * math.pi * digits[..., None].float() / 10
-    u = torch.zeros(4, 300, 1, dtype=torch.complex64)
-    s0 = torch.ones(4, 1, dtype=torch.complex64)
-    s, _ = chunked_scan(torch.zeros(4, 300, 1), u, s0, phase=theta)
-    read = torch.round(torch.angle(s[..., 0]) / (2 * math.pi / 10)).long() % 10
-    assert torch.equal(read, digits.cumsum(1) % 10)
+START = 10
+"""The counter's start token (input 10); inputs 0..9 are the digits."""
+
+
+def _rotation_counter(modulus: float = 1.0, phase_step: float = 2 * math.pi / 10) -> HookedSSM:
+    """A complex SSM with one channel whose parameters are set by hand, fed one-hot inputs (digits 0..9, START): on
+    digit d its transition is modulus * exp(i d phase_step) and it writes nothing; on START it writes the unit vector
+    1 + 0i; out_proj reads the state out as (Re s, Im s). With modulus 1 and phase_step 2 pi / 10 it is the theory's
+    Z_10 counter, reached through the module's own parametrisation (a step size softplus(-30) ~ 1e-13 gives |a| = 1
+    to float precision)."""
+    layer = HookedSSM(d_model=START + 2, state=2, kind="complex")
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.zero_()  # A_log = 0: the step size alone sets log|a| = -softplus(row 0)
+        step = -30.0 if modulus == 1.0 else math.log(math.expm1(-math.log(modulus)))
+        layer.in_proj.bias[0] = step  # rows: step size, phase, input gate, value (Re, Im)
+        layer.in_proj.weight[1, :START] = phase_step * torch.arange(START)
+        layer.in_proj.bias[2] = 30.0  # input gate 1
+        layer.in_proj.weight[3, START] = 1.0  # the value: 1 + 0i on START, 0 on every digit
+        layer.out_proj.weight[0, 0] = layer.out_proj.weight[1, 1] = 1.0
+    return layer
+
+
+def _counts_mod_10(layer: HookedSSM, digits: torch.Tensor) -> bool:
+    """Feed START then ``digits`` through the module's forward from its zero state; the check passes when at every
+    position the state lies within sin(pi / 10) (half the distance between neighbouring 10th roots of unity) of
+    exp(2 pi i s_t / 10), s_t the running sum mod 10: a nearest-root readout decodes the sum at every length."""
+    seq = torch.cat([torch.full((digits.shape[0], 1), START), digits], dim=1)
+    out = layer(F.one_hot(seq, START + 2).float())[:, 1:]
+    state = torch.complex(out[..., 0], out[..., 1])
+    target = torch.polar(torch.ones(()), 2 * math.pi * (digits.cumsum(1) % 10).float() / 10)
+    return bool(((state - target).abs() < math.sin(math.pi / 10)).all())
+
+
+@pytest.mark.parametrize("unrolled", [False, True], ids=["fused", "step-by-step"])
+def test_a_complex_ssm_set_to_rotate_by_2pi_over_10_counts_mod_10_to_length_400(unrolled):
+    """Through the module (its gates, transition and scan, or its step-by-step path) from the zero state: the
+    hand-set channel tracks the running sum mod 10 over 400 digits."""
+    digits = torch.randint(0, 10, (8, 400), generator=torch.Generator().manual_seed(0))
+    layer = _rotation_counter()
+    layer.force_unrolled = unrolled
+    assert _counts_mod_10(layer, digits)
+
+
+@pytest.mark.parametrize("modulus, phase_step, short", [
+    (0.99, 2 * math.pi / 10, True), (0.999, 2 * math.pi / 10, True), (1.0, 1.002 * 2 * math.pi / 10, True),
+    (1.0, 2 * math.pi / 9, False), (1.0, 0.0, False)],
+    ids=["modulus-0.99", "modulus-0.999", "phase-0.2pc-off", "phase-2pi/9", "no-rotation"])
+def test_the_same_check_fails_a_counter_that_fades_or_rotates_wrongly(modulus, phase_step, short):
+    """What the theory needs, shown by its absence: a modulus below 1 fades the state (0.999^400 = 0.67, already
+    too far from the unit circle at 16 x L_train) and a phase 0.2 % off drifts out of its sector, though both pass
+    over the first 12 digits; a wrong group, or no rotation, fails at once."""
+    digits = torch.randint(0, 10, (8, 400), generator=torch.Generator().manual_seed(0))
+    assert _counts_mod_10(_rotation_counter(modulus, phase_step), digits[:, :12]) == short
+    assert not _counts_mod_10(_rotation_counter(modulus, phase_step), digits)
 
 
 # --- causal edits and override_state for every cell -----------------------------------------------------------------

@@ -20,6 +20,7 @@ from probe.transitions import (
     not_applicable,
     reinit_control,
     reinitialised,
+    summarize,
 )
 
 from conftest import tiny_model
@@ -145,3 +146,40 @@ def test_analyze_of_a_hand_set_counter_reports_it_in_the_summary(tmp_path):
     row = r.summary[(r.summary.block == 0) & (r.summary.order == 10)].iloc[0]
     assert row.channels >= 1 and row.best_horizon > 16 * TASK.train_length and math.isfinite(row.beyond)
     assert all(c["passed"] for c in r.controls)
+
+
+def _counts(model) -> dict[int, int]:
+    """Block 0's channels counting beyond 4 x L_train, per order, as the summary table reports them."""
+    ch = channel_table(measure_transitions(model, TASK, 12, n_samples=8), TASK.m, TASK.train_length)
+    summary = summarize(ch, TASK.m, TASK.train_length)
+    return {int(r.order): int(r.channels) for r in summary[summary.block == 0].itertuples()}
+
+
+def test_channels_set_to_each_order_through_the_modules_parameters_are_counted_as_such():
+    """Five channels of block 0's complex SSM set (in_proj's rows) to rotations by 2 pi k d / 10 with k = 1, 3, 7
+    (order 10), 2 (order 5) and 5 (order 2): the table counts 3, 1 and 1. Two channels of a negative SSM set to
+    flip on odd numbers count as order 2, measured from the sign of the transition the scan applies."""
+    model = ssm("complex")
+    for channel, k in enumerate((1, 3, 7, 2, 5)):
+        _set_known(model, TASK, channel=channel, k=k)
+    assert _counts(model) == {2: 1, 5: 1, 10: 3}
+    negative = ssm("negative")
+    for channel in (0, 1):
+        _set_known(negative, TASK, channel=channel)
+    assert _counts(negative) == {2: 2, 5: 0, 10: 0}
+
+
+def test_the_count_reads_the_transition_the_module_applies(monkeypatch):
+    """The phases come from ``HookedSSM.transition``, the function the scan multiplies by: a module whose transition
+    dropped the phase (what a fixed phase of 0 would assume) has no counting channel left, and one whose transition
+    conjugated it counts the same channels at the inverse rotation (k = 9 for k = 1)."""
+    from probe.models import HookedSSM
+
+    model = ssm("complex")
+    _set_known(model, TASK, channel=0)
+    real = HookedSSM.transition
+    monkeypatch.setattr(HookedSSM, "transition", lambda self, gates: real(self, gates).abs().to(torch.complex64))
+    assert _counts(model) == {2: 0, 5: 0, 10: 0}
+    monkeypatch.setattr(HookedSSM, "transition", lambda self, gates: real(self, gates).conj())
+    ch = channel_table(measure_transitions(model, TASK, 12, n_samples=8), TASK.m, TASK.train_length)
+    assert ch[(ch.block == 0) & (ch.channel == 0)].iloc[0].k == 9

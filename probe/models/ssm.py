@@ -215,6 +215,15 @@ class HookedSSM(HookedRecurrent):
             return a.masked_fill(a.abs() < eps, eps), b
         return r, b
 
+    def transition(self, gates: Sequence[Tensor]) -> Tensor:
+        """a_t, what the scan multiplies each channel's state by, from the gates ``gate_values`` gives: complex
+        r_t e^{i θ_t} for ``complex``, else real. ``_states`` scans with exactly this, and ``probe.transitions`` reads
+        it, so a channel's measured modulus and phase are those the recurrence applies."""
+        if self.complex:
+            r, theta = gates[0], gates[1]
+            return torch.polar(r, theta)
+        return gates[0]
+
     def _value(self, xi: Tensor) -> Tensor:
         return xi.split(self.sizes, dim=-1)[-1]
 
@@ -243,13 +252,12 @@ class HookedSSM(HookedRecurrent):
         v = self._value(xi)
         if s0 is None:
             s0 = xi.new_zeros(b_size, self.n_state)
+        a, b = self.transition(gates), gates[-1]
         if self.complex:
-            r, theta, b = gates
             u = torch.view_as_complex((b[..., None] * v.unflatten(-1, (self.k, 2))).contiguous())
             s0c = torch.view_as_complex(s0.unflatten(-1, (self.k, 2)).contiguous())
-            states, last = linear_scan(torch.polar(r, theta), u, s0c)
+            states, last = linear_scan(a, u, s0c)
             return torch.view_as_real(states).flatten(-2), torch.view_as_real(last).flatten(-2)
-        a, b = gates
         return linear_scan(a, b * v, s0)
 
     def fused(self, x: Float[Tensor, "batch pos d_model"],
