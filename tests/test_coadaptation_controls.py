@@ -12,6 +12,7 @@ from test_train import (
     TASK,
     TWO_BLOCKS,
     _batch,
+    _grid_toml,
     _lstm,
     _norm,
     _one_step_grads,
@@ -297,3 +298,30 @@ def test_the_placebo_log_says_whether_the_cap_bound(mlp_scale, binds, tmp_path):
     assert policy.log["placebo_removed_norm"] == pytest.approx(want["placebo_removed_norm"], rel=1e-4)
     assert policy.log["placebo_scale"] == pytest.approx(1.0 if binds else want["placebo_attention_norm"]
                                                         / want["placebo_mlp_norm"], rel=1e-4)
+
+
+# --- the grid that runs them ---------------------------------------------------------------------------------------
+def test_the_second_coadaptation_grid_runs_each_control_at_the_mechanism_grids_settings_to_16x():
+    """Eight seeds of each variant, nothing but the schedule (and seed) differing from the mechanism grid's joint,
+    evaluated at 1x and to 16x (so its windows of positions reach 400)."""
+    import dataclasses
+
+    from probe.sweep.config import eval_lengths_for, load_config
+
+    joint = next(r for r in load_config(_grid_toml("mechanism")).runs("/tmp/unused") if r.key == "joint/seed0")
+    joint_cfg = build_configs(joint.preset, joint.task, list(joint.overrides), steps=joint.steps, seed=joint.seed)
+    grid = load_config(_grid_toml("coadaptation2"))
+    assert eval_lengths_for(grid.eval_lengths, 25)[0] == 25 and max(eval_lengths_for(grid.eval_lengths, 25)) == 400
+    names: dict[str, list[int]] = {}
+    for run in grid.runs("/tmp/unused"):
+        model_cfg, task_cfg, train_cfg = build_configs(run.preset, run.task, list(run.overrides), steps=run.steps,
+                                                       seed=run.seed)
+        folder = run.key.split("/")[0]
+        assert train_cfg.schedule.name == folder, "each folder is named by its variant"
+        assert model_cfg == joint_cfg[0] and task_cfg == joint_cfg[1]
+        same = dataclasses.replace(train_cfg, seed=joint.seed, schedule=joint_cfg[2].schedule)
+        assert same == joint_cfg[2], f"{folder}: only the schedule and seed differ from the mechanism grid's joint"
+        names.setdefault(folder, []).append(run.seed)
+    assert set(names) >= {"joint", "stopgrad-rnn0", "random-path", "lagged-copy-50", "lagged-copy-250",
+                          "frozen-model-copy"}
+    assert all(len(seeds) >= 8 for seeds in names.values())
