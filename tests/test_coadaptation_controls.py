@@ -147,6 +147,16 @@ def test_random_path_trains_a_wrapped_model(factory_spec, tmp_path):  # noqa: F8
             assert abs(_cos(p.grad - d, f - d)) < 0.3
 
 
+def test_the_counterfactual_controls_refuse_a_wrapped_model_in_one_line(factory_spec, tmp_path):  # noqa: F811
+    from probe.external import FactoryModelConfig
+
+    model_cfg, task = FactoryModelConfig.of(factory_spec)
+    for name in ("lagged-copy-50", "frozen-model-copy"):
+        with pytest.raises(ProbeError, match="cut needs probe's own blocks") as e:
+            Trainer(model_cfg, task, _train_cfg(name), tmp_path / name, progress=False)
+        assert "\n" not in str(e.value) and "random-path" in str(e.value)
+
+
 # --- lagged-copy-K -------------------------------------------------------------------------------------------------
 LAG = ScheduleConfig(cut="recurrent", cut_block=0, cut_mode="lagged-attention", cut_lag=3)
 
