@@ -72,14 +72,18 @@ def native_bf16(device: torch.device) -> bool:
 
 
 def precision_used(requested: str, device: torch.device) -> tuple[str, str | None]:
-    """What ``train.precision`` (``fp32``, ``bf16`` or ``auto``) runs as on ``device``, and a one-line note when that
-    is not what was asked for literally.
+    """What ``train.precision`` (``fp32``, ``bf16``, ``bf16+fp32-recurrence`` or ``auto``) runs as on ``device``,
+    and a one-line note when that is not what was asked for literally.
 
     ``auto`` is bf16 where the device has native bf16 and fp32 elsewhere. An explicit ``bf16`` on a device without
     native bf16 keeps the recurrent kernels in fp32 (the only part that has no emulated bf16 path) and autocasts
     the rest: it runs everywhere, and the checkpoint records what ran."""
     if requested == "fp32":
         return "fp32", None
+    if requested == "bf16+fp32-recurrence":
+        if device.type == "cuda" and not native_bf16(device):
+            raise ProbeError(f"train.precision={requested}: this GPU has no bf16; use fp32")
+        return requested, None  # asked for by name: bf16 where it is emulated too (the rest autocasts as bf16)
     native = native_bf16(device)
     what = {"cpu": "CPU", "cuda": "GPU"}.get(device.type, device.type)
     lacks = " (neither avx512_bf16 nor AMX)" if device.type == "cpu" else ""

@@ -893,6 +893,18 @@ def test_a_real_bf16_step_runs_on_this_cpu(tmp_path):
         TrainConfig(precision="fp8")
 
 
+def test_bf16_with_the_recurrence_in_fp32_on_request(tmp_path):
+    """``bf16+fp32-recurrence`` by name, on any CPU: the recurrence in fp32, the rest in bf16, and recorded; on a CPU
+    with native bf16, plain ``bf16`` runs the recurrence in bf16, so the setting is what made the difference."""
+    trainer = Trainer(MODEL, TASK, tiny_cfg(precision="bf16+fp32-recurrence"), tmp_path / "a", progress=False)
+    assert trainer.precision_used == "bf16+fp32-recurrence"
+    assert _dtypes_seen(trainer) == {"lstm": torch.float32, "mlp": torch.bfloat16}
+    assert trainer.checkpoint().extra["precision_used"] == "bf16+fp32-recurrence"
+    if hardware.cpu_has_native_bf16():
+        plain = Trainer(MODEL, TASK, tiny_cfg(precision="bf16"), tmp_path / "b", progress=False)
+        assert _dtypes_seen(plain)["lstm"] == torch.bfloat16
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_precision_is_bf16_only_where_native(tmp_path, monkeypatch, native):
     monkeypatch.setattr(hardware, "cpu_has_native_bf16", lambda: native)
@@ -998,7 +1010,7 @@ def test_threads_setting_is_applied_and_oversubscription_noted(tmp_path, capsys,
     (["--set", "model.d_model=abc"], "model.d_model='abc': expected int"),
     (["--set", "model.width=3"], "no such field"),
     (["--set", "schedule.switch_step=2000", "--steps", "50"], "after the last step"),
-    (["--set", "train.precision=fp8"], "choose one of fp32, bf16, auto"),
+    (["--set", "train.precision=fp8"], "choose one of fp32, bf16, bf16+fp32-recurrence, auto"),
 ])
 def test_bad_training_flags_are_one_line_exit_2_and_write_nothing(tmp_path, capsys, flag, message):
     out = tmp_path / "run"

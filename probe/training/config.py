@@ -12,11 +12,13 @@ from probe.errors import ProbeError
 from probe.training import legacy
 from probe.training.settings import ScheduleConfig
 
-PRECISIONS = ("fp32", "bf16", "auto")
+PRECISIONS = ("fp32", "bf16", "bf16+fp32-recurrence", "auto")
 """``bf16``: forward and backward under ``torch.autocast(dtype=bfloat16)``; weights, optimizer state and loss stay
-float32 (mixed precision with fp32 master weights). ``auto``: bf16 where the device has native bf16 (a CPU with
-avx512_bf16 or AMX, a CUDA GPU that supports it), fp32 elsewhere. An explicit ``bf16`` on a CPU without native bf16
-keeps the recurrent sublayers in fp32 (docs/guides/training.md says why)."""
+float32 (mixed precision with fp32 master weights). ``bf16+fp32-recurrence``: the same with the recurrent sublayers
+run in fp32 (autocast off for them, probe's own cells only): the test of whether bf16 rounding of the recurrence is
+what changes a run. ``auto``: bf16 where the device has native bf16 (a CPU with avx512_bf16 or AMX, a CUDA GPU that
+supports it), fp32 elsewhere. An explicit ``bf16`` on a CPU without native bf16 keeps the recurrent sublayers in fp32
+(docs/guides/training.md says why)."""
 
 OPTIMIZER_IMPLS = ("default", "foreach", "fused")
 """AdamW's implementation: torch's default for the device (a per-parameter loop on CPU), multi-tensor ``foreach``,
