@@ -126,13 +126,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="train only the first STEP steps of each run, checked against its snapshots up to STEP")
     p.add_argument("--work", default=None, metavar="DIR", help="where to train (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (shown by default, also "
+                                                              "with --json)")
     add_threads(p, default=1)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     def body(args: argparse.Namespace) -> dict[str, Any]:
+        from probe.runner import check_writable
+
+        check_writable(args.out)  # before minutes of training, not after them
+        check_writable(args.work, "--work")
         import torch
 
         sources = [Source.of(s) for s in args.sources]  # every source checked before any training
@@ -143,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         try:
             for source in sources:
-                diff = retrain(source, args.steps, work, out, args.until, progress=not (args.no_progress or args.json))
+                diff = retrain(source, args.steps, work, out, args.until, progress=not args.no_progress)
                 n = len(list((out / source.name).glob("step_*.pt")))
                 verdict = f"bit-identical to {against}" if diff == 0 else (
                     f"differs from {against} by up to {diff:.3g} (another CPU or torch version)")

@@ -8,7 +8,9 @@ flags every command shares (``--threads``, ``--json``, ``--out``, ``--device``, 
 parser, and its ``main`` parses, checks the paths and ``--out`` before any heavy import, seeds torch, calls
 ``run(options) -> Report``, prints the report's text (nothing but the JSON object under ``--json``), writes
 ``OUT/results.json`` (the envelope ``{probe_version, command, checkpoints, results, controls}``) and the report's
-figures, and turns a ``ProbeError`` into one line and exit code 2::
+figures, and turns a ``ProbeError`` into one line and exit code 2. ``--out`` is tried for writing before any work
+(``check_writable``), so that an unwritable one costs a second, not the analysis; progress goes to stderr, also
+under ``--json``, unless ``--no-progress``::
 
     @dataclass
     class SharpnessOptions(CheckpointOptions):
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,12 +50,13 @@ from probe.cli import (
     write_outputs,
 )
 from probe.core.lengths import GRAMMAR
+from probe.errors import ProbeError
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["CheckpointOptions", "Command", "Options", "Report", "lengths_option", "option", "samples_option",
-           "threads_option"]
+__all__ = ["CheckpointOptions", "Command", "Options", "Report", "check_writable", "lengths_option", "option",
+           "samples_option", "threads_option"]
 
 Opts = TypeVar("Opts", bound="Options")
 _MISSING: Any = dataclasses.MISSING
@@ -93,6 +98,9 @@ def threads_option(default: int = 0) -> Any:
     return option(default, threads_help(default), type=nonnegative_int, metavar="N", order=1)
 
 
+NO_PROGRESS_HELP = "no progress bars or phase lines on stderr (shown by default, also with --json)"
+
+
 @dataclass
 class Options:
     """The flags every command shares."""
@@ -102,6 +110,13 @@ class Options:
     out: str | None = option(None, OUT_HELP, metavar="DIR", order=4)
     device: str = option("auto", DEVICE_HELP, order=5)
     seed: int = option(0, SEED_HELP, type=int, order=6)
+    no_progress: bool = option(False, NO_PROGRESS_HELP, order=7)
+
+    @property
+    def progress(self) -> bool:
+        """Whether to draw progress on stderr: yes, also under ``--json`` (stdout stays one object), unless
+        ``--no-progress``."""
+        return not self.no_progress
 
 
 @dataclass
@@ -113,6 +128,31 @@ class CheckpointOptions(Options):
                                     positional=True, nargs="+", default_factory=list)
     lengths: list[int] | None = lengths_option("the analysis's")
     samples: int = samples_option(64)
+
+
+def check_writable(out: str | os.PathLike | None, flag: str = "--out") -> None:
+    """Try ``--out`` for writing before any work: create it (and any missing parents), write and remove a
+    temporary file in it, then remove what was created, so that a refused run leaves nothing behind. An
+    unwritable ``--out`` (``/proc/x``, a read-only disk) is a ``ProbeError`` in under a second, not a traceback
+    after the analysis."""
+    if out is None:
+        return
+    path = Path(out)
+    made = [p for p in (path, *path.parents) if not p.exists()]
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".probe-write-test-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ProbeError(f"{flag} {out}: cannot write there ({e.strerror or e}); name a directory you can write"
+                         ) from None
+    finally:
+        for p in made:  # deepest first; a directory someone else filled meanwhile stays
+            try:
+                p.rmdir()
+            except OSError:
+                break
 
 
 def stored_gate_option() -> Any:
@@ -188,8 +228,9 @@ class Command(Generic[Opts]):
                 continue  # a plain field the command fills itself
             args, kw = _argument(f)
             parser.add_argument(*args, **kw)
-            for alias in f.metadata["aliases"]:
-                parser.add_argument(alias, dest=f.name, type=kw.get("type"), help=argparse.SUPPRESS)
+            for alias in f.metadata["aliases"]:  # a switch's old spelling is a switch too
+                same = {"action": kw["action"]} if "action" in kw else {"type": kw.get("type")}
+                parser.add_argument(alias, dest=f.name, help=argparse.SUPPRESS, **same)
         return parser
 
     def parse(self, argv: list[str] | None = None) -> Opts:
@@ -205,6 +246,7 @@ class Command(Generic[Opts]):
         return run_cli(self.build_parser(), lambda args: self._body(self.from_namespace(args)), argv)
 
     def _body(self, opts: Opts) -> dict[str, Any]:
+        check_writable(opts.out)  # before torch is imported: an unwritable --out answers at once
         seed_and_threads(opts)  # type: ignore[arg-type]
         report = self.run(opts)
         result = envelope(self.name, report.checkpoints, report.results, report.controls, **report.extra)
@@ -212,7 +254,10 @@ class Command(Generic[Opts]):
             say(opts, report.text)  # type: ignore[arg-type]
         if opts.out and self.results_file:
             figures = report.figures() if report.figures else {}
-            write_outputs(opts.out, result, figures, dpi=report.dpi)
-            names = [RESULTS, *figures, *(report.save(Path(opts.out), result) if report.save else [])]
+            try:
+                write_outputs(opts.out, result, figures, dpi=report.dpi)
+                names = [RESULTS, *figures, *(report.save(Path(opts.out), result) if report.save else [])]
+            except OSError as e:  # writable when checked, not now (a full disk, a folder removed meanwhile)
+                raise ProbeError(f"--out {opts.out}: writing the results failed ({e.strerror or e})") from None
             say(opts, f"wrote {', '.join(names)} to {opts.out}")  # type: ignore[arg-type]
         return result

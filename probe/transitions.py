@@ -1,7 +1,7 @@
 """What a diagonal linear recurrence does with each input: the SSM's transition per number token, and which channels
 count modulo what, for how long.
 
-Usage: ``python -m probe.transitions ckpt.pt [more.pt ...] [--lengths 25] [--samples 64] [--json] [--out DIR]``.
+Usage: ``python -m probe.transitions ckpt.pt [more.pt ...] [--lengths 25,75] [--samples 64] [--json] [--out DIR]``.
 
 A selective SSM's state evolves as s_t = a_t s_{t-1} + b_t v_t, channel by channel, with a_t a function of the
 sublayer's input x_t. Tracking a running sum mod m with such a channel needs a_t to act on s as an element of Z_m:
@@ -20,8 +20,8 @@ when its order o > 1 and its drift horizon reaches 4 x L_train. In block 0 the i
 alone, so a transition is a function of the token (spread 0); in later blocks it depends on context, and the spread
 says how much (it adds to the random walk).
 
-Cells other than the SSM have no per-token transition (their step depends on the state): the analysis says so in
-one line and returns no rows.
+Cells other than the SSM have no per-token transition (their step depends on the state): ``analyze`` says so in a
+note and returns no rows; the command refuses such a checkpoint in one line (exit code 2), before any work.
 """
 
 from __future__ import annotations
@@ -291,11 +291,13 @@ def shuffled_digits_control(transitions: pd.DataFrame, channels: pd.DataFrame, m
 @dataclass
 class TransitionResult:
     """``transitions`` (per block, channel, token), ``channels`` (per block and channel), ``summary`` (per block
-    and order), ``controls`` (rows), ``note`` (why it does not apply, else None)."""
+    and order), ``controls`` (rows), ``note`` (why it does not apply, else None), all measured on sequences of
+    ``length``."""
 
     checkpoint: str
     label: str
     seed: int | None
+    length: int | None = None
     transitions: pd.DataFrame = field(default_factory=pd.DataFrame)
     channels: pd.DataFrame = field(default_factory=pd.DataFrame)
     summary: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -304,14 +306,14 @@ class TransitionResult:
 
     def rows(self, tokens: bool = False) -> list[dict[str, Any]]:
         """The flat rows of ``--json`` (``metric`` channel and summary, and with ``tokens`` every transition)."""
-        meta = {"checkpoint": self.checkpoint, "label": self.label, "seed": self.seed}
+        meta = {"checkpoint": self.checkpoint, "label": self.label, "seed": self.seed, "length": self.length}
         parts = [("channel", self.channels), ("summary", self.summary)] + ([("transition", self.transitions)]
                                                                             if tokens else [])
         return [{**meta, "metric": metric, **row} for metric, frame in parts if not self.note
                 for row in frame.to_dict("records")]
 
     def control_rows(self) -> list[dict[str, Any]]:
-        meta = {"checkpoint": self.checkpoint, "label": self.label, "seed": self.seed}
+        meta = {"checkpoint": self.checkpoint, "label": self.label, "seed": self.seed, "length": self.length}
         return [{**meta, **c} for c in self.controls]
 
 
@@ -324,11 +326,11 @@ def analyze(path: str | Path, length: int | None = None, n_samples: int = 64, se
 
     ckpt = load_checkpoint(path)
     model, task = ckpt.build_model(device).eval(), ckpt.task_config
-    out = TransitionResult(str(path), variant_name(ckpt), ckpt.seed)
+    length = length or task.train_length
+    out = TransitionResult(str(path), variant_name(ckpt), ckpt.seed, length)
     out.note = not_applicable(model)
     if out.note:
         return out
-    length = length or task.train_length
     out.transitions = measure_transitions(model, task, length, n_samples, seed)
     out.channels = channel_table(out.transitions, task.m, task.train_length)
     out.summary = summarize(out.channels, task.m, task.train_length)
@@ -353,7 +355,7 @@ def plot_channels(results: list[TransitionResult]) -> Figure:
         sns.stripplot(ch, x="order", y="horizon", hue="block", dodge=True, size=3, ax=ax, palette="colorblind")
         ax.set_yscale("log")
         ax.axhline(float(r.summary.beyond.iloc[0]), color="0.3", ls="--", lw=0.8)
-        ax.set(title=f"{r.label} (seed {r.seed})", xlabel="order of the fitted rotation",
+        ax.set(title=f"{r.label} (seed {r.seed}, length {r.length})", xlabel="order of the fitted rotation",
                ylabel="horizon (steps)")
     fig.suptitle("SSM channels: the cyclic group each channel's transitions fit, and for how many steps "
                  "(dashed: 4 x L_train)", fontsize=8)
@@ -362,7 +364,7 @@ def plot_channels(results: list[TransitionResult]) -> Figure:
 
 
 # --- CLI ------------------------------------------------------------------------------------------------------------
-_HELP_JSON = """JSON (--json): results rows with checkpoint, label, seed and metric:
+_HELP_JSON = """JSON (--json): results rows with checkpoint, label, seed, length (of the sequences measured) and metric:
   channel: block, channel, k, order (m / gcd(k, m); 1 = no counting), phase_error (rad), min_modulus, drift_steps,
     fade_steps, horizon (= drift_steps; both capped at 1e6), counts_beyond (order > 1 and drift_steps >= 4 L_train;
     the fade is reported apart), b (mean input gate);
@@ -372,12 +374,12 @@ controls rows: known_rotation (instrument: a hand-set transition, the best the r
 k and order); reinit (control: the trained model must have a channel counting beyond 4 L_train and a
 re-initialised SSM none); shuffled_digits (control: its best counting horizon at least twice that of its own
 transitions with the numbers' identities permuted).
-A checkpoint whose cell is not an SSM gives one line (notes) and no rows."""
+A checkpoint whose cell is not an SSM is refused in one line (exit code 2) before any work."""
 
 
 @dataclass
 class TransitionOptions(CheckpointOptions):
-    lengths: list[int] | None = lengths_option("L_train")
+    lengths: list[int] | None = lengths_option("L_train; each length is measured on its own")
     samples: int = samples_option(64)
     tokens: bool = option(False, "also every (block, channel, token) transition row")
     no_controls: bool = option(False, "skip the instrument check and the control")
@@ -385,30 +387,30 @@ class TransitionOptions(CheckpointOptions):
 
 
 def run(opts: TransitionOptions) -> Report:
-    """``analyze`` of every checkpoint, its rows and a summary table per checkpoint."""
+    """``analyze`` of every checkpoint at every length, its rows and a summary table per checkpoint and length."""
     from probe.checkpoint import load_checkpoint, resolve_checkpoints
+    from probe.core.progress import progress_iter
+    from probe.memory import check_lengths
 
     paths = resolve_checkpoints(opts.checkpoints)
-    for p in paths:
-        load_checkpoint(p)  # every file readable before any work
-    if opts.lengths and len(opts.lengths) != 1:
-        raise ProbeError(f"--lengths: give one length, got {len(opts.lengths)}")
-    length = opts.lengths[0] if opts.lengths else None
     device = str(resolve_device(opts.device))
+    for p in paths:  # every file readable, applicable and every length fitting before any work
+        ckpt = load_checkpoint(p)
+        why = not_applicable(ckpt.build_model("cpu"))
+        if why:
+            raise ProbeError(f"{p}: this analysis does not apply to this checkpoint ({why})")
+        check_lengths(ckpt.model_config, ckpt.task_config, opts.lengths or [ckpt.task_config.train_length], device,
+                      name=str(p))
+    jobs = [(p, length) for p in paths for length in (opts.lengths or [None])]
     results, text = [], []
-    for path in paths:
+    for path, length in progress_iter(jobs, "checkpoints x lengths", opts.progress and len(jobs) > 1):
         r = analyze(path, length, opts.samples, opts.seed, device, controls=not opts.no_controls)
         results.append(r)
-        if r.note:
-            print(f"{path}: {r.note}", file=sys.stderr)
-            continue
-        text += [f"{path}: {r.label}, seed {r.seed}: channels that count mod o beyond {HORIZON} x L_train, per block",
-                 r.summary.to_string(index=False)]
-    shown = any(not r.note for r in results)
+        text += [f"{path}: {r.label}, seed {r.seed}, length {r.length}: channels that count mod o beyond {HORIZON} "
+                 "x L_train, per block", r.summary.to_string(index=False)]
     return Report([str(p) for p in paths], [row for r in results for row in r.rows(opts.tokens)],
                   [c for r in results for c in r.control_rows()], "\n".join(text),
-                  figures=lambda: {"transitions.png": plot_channels(results)} if shown else {},
-                  extra={"notes": [f"{p}: {r.note}" for p, r in zip(paths, results, strict=True) if r.note]})
+                  figures=lambda: {"transitions.png": plot_channels(results)})
 
 
 COMMAND = Command("transitions", TransitionOptions, run, __doc__.split("\n\n")[0], _HELP_JSON)

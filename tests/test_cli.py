@@ -23,8 +23,11 @@ ANALYSES = {"evaluate": "probe.evaluate", "gradients": "probe.gradients.cli",
             "attributions": "probe.attributions.cli", "probes": "probe.probes.cli", "shortcuts": "probe.shortcuts.cli",
             "sharpness": "probe.sharpness.cli"}
 CLIS = {**ANALYSES, "figures": "probe.figures"}
-SHARED = ("--lengths", "--samples", "--threads", "--out", "--json", "--device", "--seed")
-FIGURES_SHARED = ("--threads", "--out", "--json", "--device", "--seed")
+SHARED = ("--lengths", "--samples", "--threads", "--out", "--json", "--device", "--seed", "--no-progress")
+FIGURES_SHARED = ("--threads", "--out", "--json", "--device", "--seed", "--no-progress")
+EVERY_CLI = {**CLIS, "transitions": "probe.transitions", "retrain": "probe.retrain", "train": "probe.training.cli",
+             "sweep": "probe.sweep.cli", "results": "probe.results.__main__"}
+"""Every ``python -m probe.NAME`` command, the runner's and the hand-built ones."""
 OLD_SPELLINGS = {"gradients": ["--length", "--batch"], "attributions": ["--length", "--batch"],
                  "probes": ["--n-test"], "shortcuts": ["--sequences"]}
 SMALL = {  # tiny sizes: the layout is what is checked here, not the numbers
@@ -160,7 +163,46 @@ def test_defaults_repeated_for_a_fast_help_agree_with_the_modules():
     from probe.shortcuts.sums import DEFAULT_KS
 
     cfg = LookaheadConfig()
-    assert (gcli.LOOKAHEAD_BATCHES, gcli.LOOKAHEAD_EVAL_BATCHES, gcli.LOOKAHEAD_STEP) == (
-        cfg.n_batches, cfg.eval_batches, cfg.rel_step)
+    assert (gcli.LOOKAHEAD_BATCHES, gcli.LOOKAHEAD_EVAL_BATCHES, gcli.LOOKAHEAD_STEP, gcli.LOOKAHEAD_SCALES,
+            gcli.LOOKAHEAD_RANDOM) == (cfg.n_batches, cfg.eval_batches, cfg.rel_step, cfg.scales, cfg.n_random)
     assert (pcli.HOOK_SUFFIXES, pcli.CONTROL_TARGETS) == (HOOK_SUFFIXES, CONTROL_TARGETS)
     assert (scli.DEFAULT_KS, scli.DEFAULT_RUNS, scli.FLAG_THRESHOLD) == (DEFAULT_KS, DEFAULT_RUNS, FLAG_THRESHOLD)
+
+
+@pytest.mark.parametrize("name", EVERY_CLI)
+def test_every_cli_takes_no_progress(name, capsys):
+    main = importlib.import_module(EVERY_CLI[name]).main
+    assert main(["collect", "--help"] if name == "results" else ["--help"]) == 0
+    assert "--no-progress" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", [*CLIS, "transitions"])
+def test_an_unwritable_out_is_one_line_and_exit_2_and_leaves_nothing(name, ckpt, tmp_path, capsys):
+    main = importlib.import_module(EVERY_CLI[name]).main
+    positional = ["--checkpoints", str(ckpt.parent)] if name == "figures" else [str(ckpt)]
+    assert main([*positional, "--out", "/proc/probe-test/out"]) == 2
+    err = one_error_line(capsys.readouterr().err)
+    assert "--out /proc/probe-test/out: cannot write there" in err
+
+
+@pytest.mark.parametrize("name", ["sharpness", "gradients"])
+def test_an_unwritable_out_answers_within_5_s_without_starting_the_analysis(name, ckpt):
+    """The check comes before torch is imported: it costs the start of the command, not the analysis."""
+    code = (f"import sys, time; t = time.perf_counter(); from {CLIS[name]} import main; "
+            f"rc = main([{str(ckpt)!r}, '--out', '/proc/x']); print(rc, 'torch' in sys.modules, "
+            "time.perf_counter() - t)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    rc, torch_imported, seconds = done.stdout.split()
+    assert (rc, torch_imported) == ("2", "False") and float(seconds) < 5, done.stderr
+    assert done.stderr.startswith("error: --out /proc/x") and done.stderr.count("\n") == 1
+
+
+def test_a_run_shows_progress_on_stderr_also_under_json_unless_no_progress(ckpt, capsys):
+    main = main_of("sharpness")
+    assert main([str(ckpt), *SMALL["sharpness"], "--json"]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)  # stdout stays one JSON object
+    assert "lengths" in captured.err
+    assert main([str(ckpt), *SMALL["sharpness"], "--json", "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""
+

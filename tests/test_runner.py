@@ -114,3 +114,38 @@ def test_every_analysis_cli_is_one_command_on_the_runner(name):
     assert isinstance(module.COMMAND, Command) and module.COMMAND.name == name
     assert module.main == module.COMMAND.main and module.build_parser == module.COMMAND.build_parser
     assert module.COMMAND.epilog, "--help documents the JSON columns (figures: the figures it makes)"
+
+
+def test_out_is_tried_for_writing_and_what_the_try_made_is_removed(tmp_path):
+    from probe.runner import check_writable
+
+    check_writable(tmp_path / "new" / "deeper")
+    assert not (tmp_path / "new").exists(), "a refused or failed run leaves no folder behind"
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "old.txt").write_text("x")
+    check_writable(kept)
+    assert sorted(p.name for p in kept.iterdir()) == ["old.txt"]
+    with pytest.raises(ProbeError, match="cannot write there"):
+        check_writable(kept / "old.txt" / "sub")
+
+
+def test_a_write_that_fails_after_the_check_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    import errno
+
+    import probe.runner as runner
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runner, "write_outputs", full_disk)
+    ckpt = tmp_path / "a.pt"
+    ckpt.write_text("")
+    assert TOY.main([str(ckpt), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "writing the results failed (No space left on device)" in err
+
+
+def test_progress_is_on_under_json_and_off_with_no_progress():
+    assert TOY.parse(["a.pt", "--json"]).progress
+    assert not TOY.parse(["a.pt", "--json", "--no-progress"]).progress

@@ -248,15 +248,14 @@ def test_mass_and_reference_are_consistent(dat_mass, dat):
 
 # --- the CLI on every family and cell --------------------------------------------------------------------------
 @pytest.mark.parametrize(("family", "kw"), [("lstm", {}), ("lstm", {"rnn": "gru"}), ("lstm", {"rnn": "ssm"})])
-def test_a_model_without_attention_is_one_line_and_exit_0(family, kw, tmp_path, capsys):
+def test_a_model_without_attention_is_one_line_and_exit_2(family, kw, tmp_path, capsys):
     task = make_task("interleaved", train_length=4)
     path = save_checkpoint(tmp_path / "m.pt", checkpoint_from_model(tiny_model(family, task.vocab_size, **kw), task))
-    assert main([str(path), "--lengths", "4"]) == 0
-    out = capsys.readouterr().out
-    assert out.count("not applicable") == 1 and "no attention" in out
-    assert main([str(path), "--lengths", "4", "--json"]) == 0
-    obj = json.loads(capsys.readouterr().out)
-    assert obj["results"] == [] and "no attention" in obj["notes"][0]
+    for extra in ([], ["--json"]):
+        assert main([str(path), "--lengths", "4", *extra]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert "does not apply" in captured.err and "no attention" in captured.err
 
 
 @pytest.mark.parametrize("kw", [{"rnn": "gru"}, {"rnn": "ssm", "ssm_range": "complex"}, {"attn_scale": "ssmax"}])
@@ -276,8 +275,8 @@ def test_cli_runs_on_every_cell_with_both_scales(kw, tmp_path, capsys):
 def test_a_task_without_a_dictionary_is_not_applicable(tmp_path, capsys):
     task = make_task("modsum", train_length=4)
     path = save_checkpoint(tmp_path / "t.pt", checkpoint_from_model(tiny_model("hybrid", task.vocab_size), task))
-    assert main([str(path), "--lengths", "4"]) == 0
-    assert "no dictionary" in capsys.readouterr().out
+    assert main([str(path), "--lengths", "4"]) == 2
+    assert "no dictionary" in capsys.readouterr().err
 
 
 def test_log_length_leaves_a_checkpoint_unchanged_at_its_training_length(dat):

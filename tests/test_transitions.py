@@ -118,23 +118,40 @@ def test_cells_without_a_per_token_transition_say_so_in_one_line(kw):
     assert note and "\n" not in note and "SSM" in note
 
 
-def test_cli_json_and_a_non_ssm_checkpoint_exit_0_with_a_note(tmp_path, capsys):
-    paths = []
-    for name, model in (("ssm", ssm("complex")), ("lstm", tiny_model("hybrid", TASK.vocab_size))):
-        paths.append(save_checkpoint(tmp_path / f"{name}.pt", checkpoint_from_model(
-            model, TASK, train_config={"seed": 0, "schedule": {"kind": "joint"}})))
-    assert main([str(p) for p in paths] + ["--samples", "8", "--json"]) == 0
-    captured = capsys.readouterr()
-    obj = json.loads(captured.out)
-    assert "lstm.pt" in captured.err and len(obj["notes"]) == 1
-    metrics = {r["metric"] for r in obj["results"]}
-    assert metrics == {"channel", "summary"}
+def test_cli_json_gives_channel_and_summary_rows_with_every_control(tmp_path, capsys):
+    path = save_checkpoint(tmp_path / "ssm.pt", checkpoint_from_model(
+        ssm("complex"), TASK, train_config={"seed": 0, "schedule": {"kind": "joint"}}))
+    assert main([str(path), "--samples", "8", "--json"]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert {r["metric"] for r in obj["results"]} == {"channel", "summary"}
     assert {c["control"] for c in obj["controls"]} == {"known_rotation", "reinit", "shuffled_digits"}
     assert {c["kind"] for c in obj["controls"]} == {"instrument", "control"}
     channels = [r for r in obj["results"] if r["metric"] == "channel"]
-    assert len(channels) == 2 * 24 and all(r["checkpoint"] == str(paths[0]) for r in channels)
-    assert main([str(paths[0]), "--lengths", "5,10"]) == 2
-    assert capsys.readouterr().err.count("\n") == 1
+    assert len(channels) == 2 * 24 and {r["length"] for r in channels} == {TASK.train_length}
+
+
+def test_cli_takes_the_shared_lengths_grammar_one_measurement_per_length(tmp_path, capsys):
+    path = save_checkpoint(tmp_path / "ssm.pt", checkpoint_from_model(ssm("complex"), TASK))
+    assert main([str(path), "--lengths", "5,10", "--samples", "8", "--no-controls", "--json", "--no-progress"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    channels = [r for r in rows if r["metric"] == "channel"]
+    assert len(channels) == 2 * 2 * 24 and {r["length"] for r in channels} == {5, 10}
+    assert {r["length"] for r in rows if r["metric"] == "summary"} == {5, 10}
+    assert main([str(path), "--lengths", "4:12:4", "--samples", "8", "--no-controls"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"length {n}:" in out for n in (4, 8, 12))
+
+
+@pytest.mark.parametrize("kw", [dict(rnn="lstm"), dict(rnn="gru")])
+def test_cli_a_checkpoint_it_does_not_apply_to_is_one_line_and_exit_2_before_any_work(kw, tmp_path, capsys):
+    ssm_path = save_checkpoint(tmp_path / "ssm.pt", checkpoint_from_model(ssm("complex"), TASK))
+    other = save_checkpoint(tmp_path / "other.pt", checkpoint_from_model(tiny_model("hybrid", TASK.vocab_size, **kw),
+                                                                         TASK))
+    out = tmp_path / "out"
+    assert main([str(ssm_path), str(other), "--json", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and not out.exists()
+    assert captured.err.count("\n") == 1 and "other.pt" in captured.err and "does not apply" in captured.err
 
 
 def test_analyze_of_a_hand_set_counter_reports_it_in_the_summary(tmp_path):

@@ -69,7 +69,7 @@ def run(opts: AttributionOptions) -> Report:
 
     report = analyze(opts.checkpoints, opts.lengths, opts.samples, opts.seed, resolve_device(opts.device),
                      opts.far, opts.ig, opts.ig_sequences, opts.ig_targets, opts.ig_max_steps, opts.stored_gate,
-                     progress=not opts.json)
+                     progress=opts.progress)
     rows = report.rows()
     return Report(sorted({r["checkpoint"] for r in rows}), rows, report.controls, format_report(report),
                   figures=lambda: figures(report))

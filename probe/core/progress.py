@@ -41,15 +41,19 @@ class _Silent:
         pass
 
 
-def progress_bar(total: int, desc: str, enabled: bool, initial: int = 0, unit: str = "it", leave: bool = True) -> Any:
+def progress_bar(total: int, desc: str, enabled: bool, initial: int = 0, unit: str = "it", leave: bool = True,
+                 unit_scale: bool = False) -> Any:
     """A bar of ``total`` steps on stderr that the caller advances (``update``, ``set_postfix_str``, ``write``,
-    ``close``): for loops whose steps arrive out of order or carry live numbers (runs of a sweep, training steps).
-    When not ``enabled``, an object with the same methods that draws nothing."""
+    ``close``): for loops whose steps arrive out of order or carry live numbers (runs of a sweep, training steps),
+    or whose steps differ in cost (advance by each step's work, so that the time left is estimated from the work
+    left; ``unit_scale`` shows large counts as 1.2M). When not ``enabled``, an object with the same methods that
+    draws nothing."""
     if not enabled:
         return _Silent()
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave, file=sys.stderr, dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave, file=sys.stderr, dynamic_ncols=True,
+                unit_scale=unit_scale)
 
 
 def note(text: str, enabled: bool = True) -> None:

@@ -19,7 +19,7 @@ probe.evaluate --json file over .../VARIANT/seedS/final.pt checkpoints (runs.jso
 gets runs.jsonl, curves.csv and training.csv (windows.csv where the evaluation had windows). Runs DST already holds
 that SRC lacks are kept, so a grid run in parts (seeds 0-2, later 3-7) is collected part by part; a run in both is
 replaced by SRC's. --config supplies what old run folders do not record (precision, switch step) when SRC has no
-sweep.json. Then python -m probe.sweep DST --report writes the grid's tables and figures."""
+sweep.json. Then python -m probe.sweep DST --report --in-place writes the grid's tables and figures beside it."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     collect.add_argument("src", help="a sweep's --out directory, or a probe.evaluate --json file")
     collect.add_argument("dst", help="the grid's directory (created if needed)")
     collect.add_argument("--config", help="the sweep's TOML, where SRC has no sweep.json")
+    # every command takes it, so that a script can pass it everywhere; collecting draws no bar
+    collect.add_argument("--no-progress", action="store_true", help="accepted for a uniform command line (collect "
+                                                                    "shows no progress)")
 
     def body(args: argparse.Namespace) -> dict[str, Any]:
         src, dst = Path(args.src), Path(args.dst)
@@ -44,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ProbeError(f"{src}: no such file or directory")
         if dst.exists() and not dst.is_dir():
             raise ProbeError(f"{dst}: a file is in the way; DST names a directory")
+        from probe.runner import check_writable
+
+        check_writable(dst, "DST")
         config = None
         if args.config:
             from probe.sweep.config import load_config
@@ -51,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             config = load_config(args.config).to_dict()
         grid = import_runs(src, dst, config)
         print(f"{dst}: {len(grid.runs)} runs of {len(grid.variants)} variants ({', '.join(grid.variants)}); "
-              f"python -m probe.sweep {dst} --report writes its tables", file=sys.stderr)
+              f"python -m probe.sweep {dst} --report --in-place writes its tables", file=sys.stderr)
         return {}
 
     return run_cli(parser, body, argv, emits_json=False)

@@ -26,7 +26,7 @@ controls rows: checkpoint, control, kind, passed, value and what was compared:
   reinit_attention (control): the recall head's mass at L_train must exceed the best head of the same model with
     re-initialised attention (interval above, and 2x);
   wrong_pair (control): the recall head's mass must exceed 2x its mass on the next pair of the dictionary.
-A model without attention, or a task without a dictionary, gives one line (notes) and no rows."""
+A model without attention, or a task without a dictionary, is refused in one line (exit code 2) before any work."""
 
 
 @dataclass
@@ -44,6 +44,7 @@ def run(opts: SharpnessOptions) -> Report:
 
     from probe.checkpoint import load_checkpoint, resolve_checkpoints
     from probe.core.lengths import multiples
+    from probe.core.progress import progress_iter
     from probe.memory import check_lengths
     from probe.sharpness.measure import not_applicable
     from probe.sharpness.plots import plot_mass
@@ -57,14 +58,18 @@ def run(opts: SharpnessOptions) -> Report:
         if opts.scale != "none" and ckpt.model_config.attn_scale == "ssmax":
             raise ProbeError(f"{path}: trained with attn_scale=ssmax; --scale {opts.scale} applies to models "
                              "trained without a logit scale")
-        if not_applicable(ckpt.model_config, task) is None:
-            lengths = opts.lengths or multiples(task.train_length, (1, 4, 8, 16))
-            check_lengths(ckpt.model_config, task, [*lengths, task.train_length], device, name=str(path))
+        why = not_applicable(ckpt.model_config, task)
+        if why:
+            raise ProbeError(f"{path}: this analysis does not apply to this checkpoint "
+                             f"({why.removeprefix('not applicable: ')})")
+        lengths = opts.lengths or multiples(task.train_length, (1, 4, 8, 16))
+        check_lengths(ckpt.model_config, task, [*lengths, task.train_length], device, name=str(path))
     if not ckpts:
         raise ProbeError("no checkpoints to analyse")
     scales = ("none",) if opts.scale == "none" else ("none", opts.scale)
-    results = [analyze(ckpt, opts.lengths, opts.samples, opts.seed, scales, device) for ckpt in ckpts]
-    text = [f"{r.checkpoint}: {r.note}" for r in results if r.note]
+    results = [analyze(ckpt, opts.lengths, opts.samples, opts.seed, scales, device, progress=opts.progress)
+               for ckpt in progress_iter(ckpts, "checkpoints", opts.progress and len(ckpts) > 1)]
+    text = []
     mass = pd.concat([r.mass for r in results], ignore_index=True)
     acc = pd.concat([r.accuracy for r in results], ignore_index=True)
     if not mass.empty:
@@ -76,8 +81,7 @@ def run(opts: SharpnessOptions) -> Report:
     rows = ([{**r, "metric": "attention_mass"} for r in mass.to_dict("records")]
             + [{**r, "metric": "accuracy"} for r in acc.to_dict("records")])
     return Report([str(p) for p in paths], rows, controls, "\n".join(text),
-                  figures=lambda: {"sharpness.png": plot_mass(mass, acc)}, dpi=150,
-                  extra={"notes": [f"{r.checkpoint}: {r.note}" for r in results if r.note]})
+                  figures=lambda: {"sharpness.png": plot_mass(mass, acc)}, dpi=150)
 
 
 COMMAND = Command("sharpness", SharpnessOptions, run, DESCRIPTION, HELP_JSON)

@@ -14,6 +14,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from probe.attention import recall_targets
+from probe.core.progress import progress_iter
 from probe.core.stats import bootstrap_ci
 from probe.errors import ProbeError
 from probe.evaluate import accuracy_at_length, eval_seed
@@ -201,10 +202,10 @@ def mass_rows(stats: list[QueryStats], deltas: dict[tuple[int, int, str], float]
 
 
 def sharpness_curve(model: HookedSequenceModel, task: TaskConfig, lengths: Sequence[int], n_samples: int = 64,
-                    seed: int = 0, scale: str = "none") -> tuple[pd.DataFrame, pd.DataFrame]:
+                    seed: int = 0, scale: str = "none", progress: bool = False) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Mass rows (``length, scale`` + ``mass_rows``) and recall accuracy rows (``length, scale, subtask, token_acc,
     seq_acc, n_tokens``: ``probe.evaluate.accuracy_at_length`` on the same sequences) at every length; Δ is fitted at
-    L_train (measured there whether or not it is in ``lengths``)."""
+    L_train (measured there whether or not it is in ``lengths``). ``progress``: a bar over the lengths on stderr."""
     device = next(model.parameters()).device
     lengths = [int(x) for x in lengths]
     check_lengths(model.cfg, task, [*lengths, task.train_length], device)  # before any work
@@ -212,7 +213,7 @@ def sharpness_curve(model: HookedSequenceModel, task: TaskConfig, lengths: Seque
         fitted = mass_rows(measure_length(model, task, task.train_length, n_samples, seed))
         deltas = {(r["layer"], r["head"], r["target"]): r["gap"] for r in fitted}
         mass, acc = [], []
-        for length in lengths:
+        for length in progress_iter(lengths, f"lengths (scale {scale})", progress):
             stats = measure_length(model, task, length, n_samples, seed)
             mass += [{"length": length, "scale": scale, **r} for r in mass_rows(stats, deltas)]
             fits = fit_batch_size(model.cfg, length, BATCH, device, prefix=task.prefix_len)

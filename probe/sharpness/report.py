@@ -34,9 +34,9 @@ class SharpnessResult:
 
 def analyze(ckpt: Checkpoint, lengths: Sequence[int] | None = None, n_samples: int = 64, seed: int = 0,
             scales: Sequence[str] = ("none",), device: torch.device | str = "cpu",
-            control_samples: int = 32) -> SharpnessResult:
+            control_samples: int = 32, progress: bool = False) -> SharpnessResult:
     """The diagnostic on one checkpoint at ``lengths`` (default 1x, 4x, 8x, 16x L_train) under each of ``scales``,
-    with its instrument check and controls (``probe.sharpness.controls``)."""
+    with its instrument check and controls (``probe.sharpness.controls``); ``progress``: a bar over the lengths."""
     name = str(ckpt.path or ckpt.name)
     task = ckpt.task_config
     why = not_applicable(ckpt.model_config, task)
@@ -47,7 +47,7 @@ def analyze(ckpt: Checkpoint, lengths: Sequence[int] | None = None, n_samples: i
     model = ckpt.build_model(device)
     masses, accs = [], []
     for scale in scales:
-        m, a = sharpness_curve(model, task, lengths, n_samples, seed, scale)
+        m, a = sharpness_curve(model, task, lengths, n_samples, seed, scale, progress)
         masses.append(m)
         accs.append(a)
     mass, acc = pd.concat(masses, ignore_index=True), pd.concat(accs, ignore_index=True)

@@ -99,8 +99,8 @@ def run(opts: ShortcutOptions) -> Report:
               entropy_lengths=opts.entropy_lengths, threshold=opts.threshold)
     reports = []
     for path, ckpt in zip(paths, ckpts, strict=True):
-        note(f"analysing {path} ...", not opts.json)
-        reports.append(analyze(ckpt, device, opts.seed, progress=not opts.json, **kw))
+        note(f"analysing {path} ...", opts.progress)
+        reports.append(analyze(ckpt, device, opts.seed, progress=opts.progress, **kw))
     rows = [row for r in reports for row in report_rows(r)] + pooled_rows(reports)
     controls = [{"checkpoint": r.checkpoint, **c} for r in reports for c in r.controls]
     controls += [{"checkpoint": "synthetic patterns", **c} for c in attention_controls()]
