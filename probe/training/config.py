@@ -44,6 +44,10 @@ class TrainConfig:
     ckpt_every: int = 500
     traj_every: int = 250
     traj_dtype: str = "float16"
+    # every snapshot also carries AdamW's whole state (m and v of every parameter, float32: twice the weights' size
+    # again), so a run can be continued from it exactly (probe.training.rollout) and the lookahead can take the
+    # optimizer's real next step (probe.gradients.realstep); needs traj_dtype float32
+    traj_optimizer: bool = False
     seed: int = 0
     threads: int = 1
     precision: str = "fp32"
@@ -67,6 +71,11 @@ class TrainConfig:
                 f"train.optimizer_impl {self.optimizer_impl!r}: choose one of {', '.join(OPTIMIZER_IMPLS)}")
         if not isinstance(self.compile, bool):
             raise ProbeError(f"train.compile must be true or false, got {self.compile!r}")
+        if not isinstance(self.traj_optimizer, bool):
+            raise ProbeError(f"train.traj_optimizer must be true or false, got {self.traj_optimizer!r}")
+        if self.traj_optimizer and self.traj_dtype != "float32":
+            raise ProbeError("train.traj_optimizer=true makes each snapshot a state to train on from, so it must hold "
+                             "the run's own float32 weights: set train.traj_dtype=float32 as well")
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -192,7 +192,8 @@ class Trainer:
                 "beta2": float(group["betas"][1]), "eps": float(group["eps"]), "lr": float(group["lr"])}
 
     def _snapshot(self) -> None:
-        ckpt = self.checkpoint(with_optimizer=False)
+        # with train.traj_optimizer a snapshot is a state to resume from, as last.pt is (optimizer and schedule state)
+        ckpt = self.checkpoint(with_optimizer=self.cfg.traj_optimizer)
         dtype = getattr(torch, self.cfg.traj_dtype)
         ckpt.state_dict = {k: v.to(dtype) if v.is_floating_point() else v for k, v in ckpt.state_dict.items()}
         adam = self.lstm_adam_state()
