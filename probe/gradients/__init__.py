@@ -2,8 +2,10 @@
 
 Modules: ``decomposition`` (the split), ``inputs`` (what both lookaheads start from: sizes, AdamW moments, seeds),
 ``beyond`` (the lookahead: what a step along each part does beyond the training range), ``lookahead`` (its
-first-order predecessor), ``controls`` (checks a broken method fails), ``analysis`` (checkpoints and trajectories),
-``plots``, ``cli`` (``python -m probe.gradients``).
+first-order predecessor), ``adamstep`` (AdamW's real next update from its saved state, split into parts),
+``realstep`` (the lookahead at that real step, beside a random step matched in norm and training-loss projection),
+``controls`` (checks a broken method fails), ``analysis`` (checkpoints and trajectories), ``plots``, ``cli``
+(``python -m probe.gradients``).
 Names are imported on first use, so that the CLI's ``--help`` answers at once.
 """
 
@@ -13,6 +15,7 @@ _EXPORTS = {
     **dict.fromkeys(["DEFAULT_FACTORS", "GradientReport", "analyze", "analyze_checkpoint", "analyze_model",
                      "check_family", "split_with_checks"],
                     "analysis"),
+    **dict.fromkeys(["AdamWState", "RealStep", "adamw_state", "next_update", "update_parts"], "adamstep"),
     "main": "cli",
     **dict.fromkeys(["measure_beyond_range", "update_size", "verdict_beyond"], "beyond"),
     **dict.fromkeys(["builtin_controls", "known_split_case", "known_split_error", "route_disagreement"], "controls"),
@@ -22,6 +25,7 @@ _EXPORTS = {
     **dict.fromkeys(["LookaheadConfig", "Moments", "adam_moments"], "inputs"),
     **dict.fromkeys(["measure_lookahead", "training_batch", "verdict"], "lookahead"),
     **dict.fromkeys(["plot_blocks", "plot_lookahead", "plot_over_training"], "plots"),
+    **dict.fromkeys(["RealStepConfig", "matched_random", "measure_real_step"], "realstep"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

@@ -12,6 +12,8 @@
 - ``batches``: the training batch of a step (``training_batch``, ``train_batch_seed``).
 - ``state``: what a checkpoint records of its step (gates, learning rate, batch draw) and how analyses read it.
 - ``trainer``: the loop (``Trainer``, ``train``); ``cli``: ``python -m probe.train``.
+- ``rollout``: a run continued from a snapshot for a few steps, as it was or without attention's gradient path into
+  the recurrent sublayers (``continue_run``).
 
 Names are imported on first use, so that importing one module does not import the trainer.
 """
@@ -29,6 +31,7 @@ _EXPORTS = {
     **dict.fromkeys(["train_batch_seed", "training_batch"], "batches"),
     **dict.fromkeys(["StepState", "step_state"], "state"),
     **dict.fromkeys(["Trainer", "config_diff", "train"], "trainer"),
+    **dict.fromkeys(["continue_run", "weight_difference"], "rollout"),
     "main": "cli",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
