@@ -143,7 +143,10 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
         "metrics": ckpt.metrics,
         "extra": ckpt.extra,
     }
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot write it ({e.strerror or type(e).__name__})") from None
     try:
         # mkstemp creates the file 0600; a checkpoint is shared data, so give it what open() would: 0666 - umask
         os.fchmod(fd, 0o666 & ~_umask())
@@ -152,11 +155,30 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+        _fsync_dir(path.parent)  # the rename itself survives a power cut
+    except BaseException as e:  # a full disk, an interrupt, a kill: the previous file stays, whole
         Path(tmp).unlink(missing_ok=True)
+        # torch.save reports a failed write as a RuntimeError about stream positions; the OSError is its context
+        cause = e if isinstance(e, OSError) else e.__context__ if isinstance(e, RuntimeError) else None
+        if isinstance(cause, OSError):
+            was = "is as it was" if path.exists() else "was not written"
+            why = cause.strerror or str(cause) or type(cause).__name__
+            raise CheckpointError(f"{path}: cannot write it ({why}); the file {was}, never torn") from None
         raise
     ckpt.path = path
     return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:  # a platform or filesystem that cannot open a folder: the rename is still atomic
+        return
+    try:
+        with contextlib.suppress(OSError):  # some filesystems refuse fsync on a folder; the rename is done
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _umask() -> int:
@@ -331,9 +353,15 @@ def _zip(f: BinaryIO, name: str, size: int) -> Iterator[zipfile.ZipFile]:
 
 
 def _check_zip(f: BinaryIO, name: str, size: int) -> str:
-    """The name of the zip's ``data.pkl`` (torch's pickle); refuse a zip that is cut short or has none."""
+    """The name of the zip's ``data.pkl`` (torch's pickle); refuse a zip that is cut short or has none, or whose
+    bytes differ from those written: torch itself reads a flipped byte in the weights without a word, so every
+    member is checked against the CRC-32 the zip records for it (about 60 ms per 100 MB)."""
     with _zip(f, name, size) as zf:
         members = zf.namelist()
+        bad = zf.testzip()
+    if bad is not None:
+        raise CheckpointError(f"{name}: damaged torch file (its member {bad} does not match the checksum written "
+                              f"with it); {_RECOPY}")
     pkl = next((m for m in members if m == "data.pkl" or m.endswith("/data.pkl")), None)
     if pkl is None:
         shown = ", ".join(members[:4]) + (", ..." if len(members) > 4 else "") if members else "nothing"

@@ -66,7 +66,7 @@ def test_save_is_atomic_and_leaves_no_temp_file(saved, tmp_path, task, monkeypat
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(CheckpointError, match=r"c.pt: cannot write it \(disk full\); the file is as it was"):
         save_checkpoint(path, load_checkpoint(path))
     assert path.read_bytes() == before, "a failed write must not touch the existing checkpoint"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
