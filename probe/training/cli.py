@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 
 from probe.checkpoint import Checkpoint, load_checkpoint
 from probe.cli import add_common_args, make_parser, resolve_device, run_cli
+from probe.core import interrupts
 from probe.errors import ProbeError
 from probe.external import FactoryModelConfig
 from probe.tasks import TaskConfig
@@ -29,6 +31,8 @@ hybrids: --preset hf-recurrentgemma-dat (or hf-jamba-*, hf-falcon-h1-*; docs/you
 A run directory holds last.pt (with optimizer state, for --resume), final.pt (weights only, what is shipped),
 metrics.jsonl (one JSON object per evaluation) and trajectory/step_XXXXXX.pt snapshots. Configs, presets, the --set
 grammar and the schedules: probe/training/; docs/guides/training.md.
+Ctrl-C or SIGTERM stops at the next step with last.pt written (whatever train.ckpt_every is) and prints the command
+that resumes; exit 130. One writer per run directory: a second trainer on it is refused (DIR/.lock names the owner).
 A point in the run (schedule.switch, ramp_window, cut_until, min_switch): an integer is a step (2000), a percentage
 or a number with a decimal point a fraction of the run (50%, 0.5; 1.0 is the whole run)."""
 
@@ -91,7 +95,44 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps({"out": str(args.out), **final.metrics}), file=sys.stdout)
         return {}
 
-    return run_cli(parser, run, argv, emits_json=False)
+    stopped: list[str] = []
+
+    def run_stoppable(args: argparse.Namespace) -> dict[str, Any]:
+        # SIGINT and SIGTERM stop training between two steps with last.pt written (Trainer.run); a second one
+        # stops at once (last.pt is then the one written before, never a torn file)
+        with interrupts.handling():
+            try:
+                return run(args)
+            except KeyboardInterrupt as e:
+                stopped.append(stop_line(args, sys.argv[1:] if argv is None else argv, str(e),
+                                         interrupts.requested() or "SIGINT"))
+                return {}
+
+    rc = run_cli(parser, run_stoppable, argv, emits_json=False)
+    if stopped:
+        print(stopped[0], file=sys.stderr)
+        return 130
+    return rc
+
+
+def stop_line(args: argparse.Namespace, argv: list[str], kept: str, signal: str) -> str:
+    """One line after an interrupt: what the run folder keeps, and the command that continues from it."""
+    out = Path(args.out)
+    last, final = out / "last.pt", out / "final.pt"
+    device = f" --device {shlex.quote(args.device)}" if args.device != "auto" else ""
+    resume = f"resume with: python -m probe.train --resume --out {shlex.quote(str(out))}{device}"
+    if final.exists():
+        return f"interrupted ({signal}) as the run ended: {final} is written"
+    if kept:
+        return f"interrupted ({signal}): kept {kept}; {resume}"
+    if last.exists():
+        try:
+            step = f"step {load_checkpoint(last).step}"
+        except ProbeError as e:
+            return f"interrupted ({signal}) at once: {e}"
+        return f"interrupted ({signal}) at once: kept {last} at {step}, written before; {resume}"
+    return f"interrupted ({signal}) before the first step: nothing kept; run again: python -m probe.train " \
+           f"{shlex.join(argv)}"
 
 
 def _factory_model(args: argparse.Namespace) -> tuple[FactoryModelConfig, TaskConfig]:

@@ -15,6 +15,8 @@ from torch import Tensor
 
 from probe import hardware
 from probe.checkpoint import Checkpoint, checkpoint_from_model, load_checkpoint, save_checkpoint
+from probe.core import interrupts
+from probe.core.lock import folder_lock
 from probe.core.progress import progress_bar
 from probe.errors import ProbeError
 from probe.evaluate import accuracy_at_length
@@ -204,19 +206,33 @@ class Trainer:
     def run(self, until: int | None = None) -> Checkpoint:
         """Train to ``cfg.steps``, or stop after step ``until`` of the same run (the learning-rate and attention
         schedules still span ``cfg.steps``, so the first ``until`` steps are exactly the full run's): then
-        ``last.pt`` holds the state for ``--resume`` and no ``final.pt`` is written."""
+        ``last.pt`` holds the state for ``--resume`` and no ``final.pt`` is written.
+
+        A stop asked by SIGINT or SIGTERM (``probe.core.interrupts``, where the caller handles them) is taken between
+        two steps: ``last.pt`` is written for that step, whatever ``ckpt_every`` is, and ``Interrupted`` says so."""
         stop = self.cfg.steps if until is None else min(until, self.cfg.steps)
         if stop < 0:
             raise ProbeError(f"until={until}: a run cannot stop before step 0")
         torch.set_num_threads(self.cfg.threads)
         self.out.mkdir(parents=True, exist_ok=True)
+        with interrupts.deferred():
+            return self._loop(stop)
+
+    def _loop(self, stop: int) -> Checkpoint:
         if self.step == 0:
             (self.out / "metrics.jsonl").unlink(missing_ok=True)
             self._snapshot()
         bar = progress_bar(stop, self.out.name, True, initial=self.step) if self.progress else None
         t0 = time.perf_counter()
         run_loss, run_acc = self.running.get("loss"), self.running.get("acc")
+        saved = None  # the step last.pt holds, when this process wrote it
         while self.step < stop:
+            if interrupts.requested():  # between two steps: nothing of a step is half done
+                if saved != self.step:
+                    save_checkpoint(self.out / "last.pt", self.checkpoint())
+                if bar is not None:
+                    bar.close()
+                raise interrupts.stopped(f"{self.out / 'last.pt'} at step {self.step} of {self.cfg.steps}")
             loss, acc_batch = self.train_step(self.step)
             run_loss = loss if run_loss is None else 0.98 * run_loss + 0.02 * loss
             run_acc = acc_batch if run_acc is None else 0.98 * run_acc + 0.02 * acc_batch
@@ -237,6 +253,7 @@ class Trainer:
                 self._snapshot()
             if self.step % self.cfg.ckpt_every == 0 or self.step in (self.cfg.steps, stop):
                 save_checkpoint(self.out / "last.pt", self.checkpoint())
+                saved = self.step
             if bar is not None:
                 bar.update(1)
         if bar is not None:
@@ -278,16 +295,34 @@ def train(model_cfg: AnyModelConfig, task: TaskConfig, cfg: TrainConfig, out: st
     """Train one run into ``out``. With ``resume``, continue from ``out/last.pt`` (which must exist); with
     ``until``, stop after that step of the run (``Trainer.run``)."""
     check_out(out)
-    trainer = Trainer(model_cfg, task, cfg, out, device, progress)
-    if resume:
-        if not trainer.resume():
-            raise ProbeError(f"--resume: {Path(out) / 'last.pt'} does not exist; drop --resume to start a fresh run")
-    elif (Path(out) / "last.pt").exists():
-        raise ProbeError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-    if cfg.threads > len(_available_cpus()):
-        print(f"note: train.threads={cfg.threads} but this process may use {len(_available_cpus())} CPU(s); "
-              f"the threads will share them", file=sys.stderr)
-    return trainer.run(until)
+    trainer = Trainer(model_cfg, task, cfg, out, device, progress)  # what it refuses, it refuses before any write
+    # one writer per run folder: a second trainer (a rerun racing a stopped sweep's worker) is refused here
+    with folder_lock(out, "train") as held:
+        if held.took_over is not None:
+            print(f"note: {out}: took over the lock of {held.took_over.describe()}, which ended without releasing "
+                  "it", file=sys.stderr)
+        remove_torn_files(out)
+        if resume:
+            if not trainer.resume():
+                raise ProbeError(f"--resume: {Path(out) / 'last.pt'} does not exist; drop --resume to start a fresh "
+                                 "run")
+        elif (Path(out) / "last.pt").exists():
+            raise ProbeError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+        if cfg.threads > len(_available_cpus()):
+            print(f"note: train.threads={cfg.threads} but this process may use {len(_available_cpus())} CPU(s); "
+                  f"the threads will share them", file=sys.stderr)
+        return trainer.run(until)
+
+
+def remove_torn_files(out: str | Path) -> list[Path]:
+    """Delete the temporary files a killed writer left (``save_checkpoint`` writes ``.NAME.*.tmp`` and renames it
+    over ``NAME``; a kill in between leaves the temporary file, never a torn checkpoint). Only its lock's holder
+    may call this: another writer's temporary file would be in flight."""
+    out = Path(out)
+    torn = [p for d in (out, out / "trajectory") if d.is_dir() for p in d.glob(".*.tmp")]
+    for p in torn:
+        p.unlink(missing_ok=True)
+    return torn
 
 
 def _available_cpus() -> set[int]:
