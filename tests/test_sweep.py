@@ -388,10 +388,19 @@ def test_report_and_compare_work_on_the_compact_form_alone(local_sweep, tmp_path
     compact.mkdir()
     for name in (RUNS, CURVES, "training.csv", "sweep.json"):
         shutil.copy(local / name, compact / name)
-    assert main([str(compact), "--report", "--compare", "lstm", "--no-figure"]) == 0
+    committed = {p.name: p.read_bytes() for p in compact.iterdir()}
+    # a committed grid is read, never rewritten: its report goes to --out (or in place, when asked)
+    assert main([str(compact), "--report", "--compare", "lstm", "--no-figure"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "is a compact grid (no run folders)" in err and "--in-place" in err
+    report = tmp_path / "report"
+    assert main([str(compact), "--report", "--compare", "lstm", "--no-figure", "--out", str(report)]) == 0
     text = capsys.readouterr().out
     assert "| hybrid-joint | lstm | 2 vs 2 |" in text and "Holm" in text
-    mine = json.loads((compact / RESULTS).read_text())
+    assert {p.name: p.read_bytes() for p in compact.iterdir()} == committed
+    assert main([str(compact), "--report", "--compare", "lstm", "--no-figure", "--in-place"]) == 0
+    assert (compact / RESULTS).read_text() == (report / RESULTS).read_text()
+    mine = json.loads((report / RESULTS).read_text())
     theirs = json.loads((local / RESULTS).read_text())
     summary = [r for r in mine["results"] if r["row"] == "summary"]
     assert summary == [r for r in theirs["results"] if r["row"] == "summary"]

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from probe.cli import envelope
+from probe.core.files import atomic_path, write_text_atomically
 from probe.core.stats import fraction_above, t_interval
 from probe.core.tables import pipe_table
 from probe.errors import ProbeError
@@ -317,13 +318,20 @@ def write_report(report: SweepReport, out: str | Path, figure: bool = True) -> l
     out = Path(out)
     paths = write_grid(report.grid, out) if report.grid is not None and report.grid.source != "compact" else []
     paths += [out / RESULTS, out / TABLE]
-    (out / RESULTS).write_text(json.dumps(report.result, separators=(",", ":")) + "\n")
-    (out / TABLE).write_text(windows_markdown(report) + markdown_table(report))
+    # each file whole or not at all: a report interrupted half-way leaves the previous one readable
+    write_text_atomically(out / RESULTS, json.dumps(report.result, separators=(",", ":")) + "\n")
+    write_text_atomically(out / TABLE, windows_markdown(report) + markdown_table(report))
     if figure:
-        import matplotlib.pyplot as plt
-
-        fig = plot_sweep(report.curves, report.bands)
-        fig.savefig(out / FIGURE, dpi=150)
-        plt.close(fig)
+        save_figure(plot_sweep(report.curves, report.bands), out / FIGURE)
         paths.append(out / FIGURE)
     return paths
+
+
+def save_figure(fig: Any, path: Path, dpi: int = 150) -> Path:
+    """Save ``fig`` to ``path`` whole or not at all, and close it."""
+    import matplotlib.pyplot as plt
+
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip("."))
+    plt.close(fig)
+    return path

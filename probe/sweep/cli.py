@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,19 +18,31 @@ from probe.cli import (
     say,
     tidy,
 )
+from probe.core import interrupts
+from probe.core.files import write_text_atomically
+from probe.core.lock import folder_lock
 from probe.errors import ProbeError
-from probe.sweep.aggregate import FIGURE, RESULTS, TABLE, aggregate, markdown_table, write_report
+from probe.results import has_run_folders
+from probe.sweep.aggregate import (
+    FIGURE,
+    RESULTS,
+    TABLE,
+    aggregate,
+    markdown_table,
+    save_figure,
+    write_report,
+)
 from probe.sweep.compare import compare, comparison_table, plot_seed_dots
 from probe.sweep.config import DEFAULT_LENGTHS, SweepConfig, config_from_presets, eval_lengths_for, load_config
 from probe.sweep.executors import default_jobs, make_executor
-from probe.sweep.runner import SweepOutcome, plan, run_sweep
+from probe.sweep.runner import SweepOutcome, kept, plan, run_sweep
 from probe.sweep.worker import RunOptions
 
 DEFAULT_SAMPLES, QUICK_SAMPLES = 256, 32
 USAGE = """Usage:
   python -m probe.sweep CONFIG.toml --out DIR [--executor local|ray] [--jobs N] [--dry-run]
   python -m probe.sweep --preset P [P ...] --seeds S [S ...] [--steps N] [--set SECTION.FIELD=VALUE ...] --out DIR
-  python -m probe.sweep DIR --report
+  python -m probe.sweep DIR --report [--out REPORT_DIR | --in-place]
   python -m probe.sweep --confirm CLAIMS.toml --out DIR [--no-train]
 
 Each run is `python -m probe.train` with its config in DIR/VARIANT/seedS/ (log: train.log), then
@@ -37,7 +50,10 @@ Each run is `python -m probe.train` with its config in DIR/VARIANT/seedS/ (log: 
 into eval.json. A run with
 final.pt and eval.json is skipped; one with last.pt resumes from it. The whole command line and every run's
 configs are checked before any run starts. --report reads run folders or the compact form of results/ (runs.jsonl,
-curves.csv). Exit code 0 if every run succeeded, 1 if one failed, 2 on a bad command line or config."""
+curves.csv); it writes into a sweep's own DIR, and a compact grid's report into --out (--in-place: into DIR).
+SIGINT or SIGTERM (Ctrl-C, or a scheduler's stop) stops every run at its next step with last.pt written and says in
+one line what is kept and the command that resumes (exit 130). One sweep at a time writes DIR (DIR/.lock). Exit
+code 0 if every run succeeded, 1 if one failed, 2 on a bad command line or config, 130 when interrupted."""
 
 _HELP_JSON = """Files in DIR after a run or --report: runs.jsonl (one summary per run: accuracies at 1-4x, 8x, 16x
 L_train where evaluated, scores, precision, switch step, steps, wall time), curves.csv (every run x length x subtask:
@@ -89,7 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"a smoke test's evaluation: {QUICK_SAMPLES} sequences at every (L_train/5)-th length up "
                         "to 4x, unless --eval-samples/--eval-lengths say otherwise (the log says what it reduced)")
     p.add_argument("--dry-run", action="store_true", help="print the runs, their state and commands; run nothing")
-    p.add_argument("--report", action="store_true", help="re-aggregate the runs of DIR (or --out) without training")
+    p.add_argument("--report", action="store_true",
+                   help="re-aggregate the runs of DIR without training: into DIR if it is a sweep's (run folders), "
+                        "else into --out")
+    p.add_argument("--in-place", action="store_true",
+                   help="with --report on a compact grid (no run folders, e.g. a committed one): rewrite its own "
+                        "results.json, results.md and figures instead of writing to --out")
     p.add_argument("--compare", nargs="+", metavar="VARIANT", default=[],
                    help="with the report: every variant against these baselines on state accuracy at 3x L_train "
                         "(difference of means with its Welch interval, exact permutation p, Holm and BH over the "
@@ -171,8 +192,29 @@ def _device(args: argparse.Namespace) -> str:
     return str(resolve_device(args.device))
 
 
-def _report(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    report = aggregate(out)
+def report_folder(args: argparse.Namespace) -> tuple[Path, Path]:
+    """``--report``'s source and destination: a sweep's own folder (it has run folders) takes its report; a compact
+    grid (committed results) is only read, and its report goes to ``--out``, unless ``--in-place`` asks for it."""
+    if not (args.target or args.out):
+        raise ProbeError("--report needs the sweep directory: python -m probe.sweep DIR --report")
+    source = Path(args.target or args.out)
+    if not source.is_dir():
+        raise ProbeError(f"{source}: no such sweep directory")
+    if args.in_place:
+        if args.target and args.out and Path(args.out) != source:
+            raise ProbeError(f"--in-place writes the report into {source}; drop --out {args.out} or --in-place")
+        return source, source
+    if args.out:
+        return source, Path(args.out)
+    if has_run_folders(source) or any(p.is_dir() for p in source.glob("*/seed*")):
+        return source, source
+    raise ProbeError(f"{source} is a compact grid (no run folders): --report writes its tables and figures to "
+                     f"--out DIR; to rewrite {source}'s own files, pass --in-place")
+
+
+def _report(args: argparse.Namespace, source: Path, out: Path | None = None) -> dict[str, Any]:
+    out = out or source
+    report = aggregate(source)
     text = markdown_table(report)
     if args.compare:
         # the metric of record where the grid has it: the window of positions that holds 3x L_train
@@ -181,15 +223,12 @@ def _report(args: argparse.Namespace, out: Path) -> dict[str, Any]:
         comparison = compare(report.curves, args.compare, windows=windows, window=window)
         report.result["results"] += tidy(comparison.to_dict("records"))
         text += "\n" + comparison_table(comparison)
+    out.mkdir(parents=True, exist_ok=True)
     paths = write_report(report, out, figure=not args.no_figure)
     if args.compare:
-        (out / TABLE).write_text(text)
+        write_text_atomically(out / TABLE, text)
         if not args.no_figure:
-            import matplotlib.pyplot as plt
-
-            fig = plot_seed_dots(report.curves, report.summary)
-            fig.savefig(out / "seeds_3x.png", dpi=150)
-            plt.close(fig)
+            save_figure(plot_seed_dots(report.curves, report.summary), out / "seeds_3x.png")
             paths.append(out / "seeds_3x.png")
     print(text, file=sys.stderr if args.json else sys.stdout)
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
@@ -218,10 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.no_train:
             raise ProbeError("--no-train goes with --confirm CLAIMS.toml")
         if args.report:
-            target = args.target or args.out
-            if not target:
-                raise ProbeError("--report needs the sweep directory: python -m probe.sweep DIR --report")
-            return _report(args, Path(target))
+            source, out = report_folder(args)
+            stage["report"] = out
+            with folder_lock(out, "sweep --report"):
+                return _report(args, source, out)
+        if args.in_place:
+            raise ProbeError("--in-place goes with --report")
         cfg = config_from_args(args)
         samples, lengths, quick_note = eval_options(args, cfg)
         factors = args.eval_factors or cfg.eval_factors
@@ -250,12 +291,16 @@ def main(argv: list[str] | None = None) -> int:
             print(quick_note, file=sys.stderr)
         opts = RunOptions(device=device, eval_samples=samples, eval_lengths=lengths, eval_factors=factors,
                           note=quick_note)
-        outcome = run_sweep(cfg, args.out, executor, opts, progress=not args.no_progress)
-        _print_outcome(outcome)
-        failed = bool(outcome.failed)
-        if all(not r.ok for r in outcome.results):
-            return {}
-        return _report(args, Path(args.out))
+        # the sweep's lock is held through its report too: no second sweep starts on DIR in between
+        with folder_lock(args.out, "sweep"):
+            outcome = run_sweep(cfg, args.out, executor, opts, progress=not args.no_progress)
+            _print_outcome(outcome)
+            failed = bool(outcome.failed)
+            if all(not r.ok for r in outcome.results):
+                return {}
+            stage["report"] = Path(args.out)
+            stage["kept"] = kept(cfg, args.out)
+            return _report(args, Path(args.out))
 
     def _confirm(args: argparse.Namespace) -> dict[str, Any]:
         import json
@@ -291,7 +336,33 @@ def main(argv: list[str] | None = None) -> int:
         print(text, file=sys.stderr if args.json else sys.stdout)
         return result
 
-    rc = run_cli(parser, body, argv)
+    stage: dict[str, Any] = {}  # where an interrupt landed: the report's folder, what the runs kept
+    stopped: list[str] = []
+
+    def body_stoppable(args: argparse.Namespace) -> dict[str, Any]:
+        # SIGINT and SIGTERM, to this process alone or to its whole group: every run stops at its next step with
+        # last.pt written (probe.sweep.executors), and one line says what was kept and how to resume
+        with interrupts.handling():
+            try:
+                return body(args)
+            except KeyboardInterrupt as e:
+                command = "python -m probe.sweep " + shlex.join(sys.argv[1:] if argv is None else argv)
+                signal = interrupts.requested() or "SIGINT"
+                if "report" in stage:
+                    runs = f" ({stage['kept']})" if "kept" in stage else ""
+                    line = f"while writing the report into {stage['report']}{runs}, whose files are never torn; " \
+                           f"run again: {command}"
+                elif str(e):  # from run_sweep: what every run keeps
+                    line = f"{e}; resume with: {command}"
+                else:
+                    line = f"stopped; run again: {command}"
+                stopped.append(f"interrupted ({signal}): {line}")
+                return {}
+
+    rc = run_cli(parser, body_stoppable, argv)
+    if stopped:
+        print(stopped[0], file=sys.stderr)
+        return 130
     return rc or int(failed)
 
 

@@ -3,24 +3,36 @@
 Both take a worker function ``fn(run, opts) -> RunResult`` (``execute_run``, or a wrapper in tests) and yield
 ``(run, result)`` as runs end, in any order. A worker that dies (SIGKILL, out of memory) costs its run one retry;
 the retried run resumes from its last.pt, so it ends as if it had not been interrupted.
+
+Interrupted (SIGINT or SIGTERM in the caller, which raises ``KeyboardInterrupt`` there), an executor tells every run
+in flight to stop, waits up to ``GRACE_S`` for each to write its last.pt at its next step boundary, kills what is
+left, and re-raises: no worker outlives the sweep, and a rerun resumes every run.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+import signal
+import threading
 import time
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from pathlib import Path
 from typing import Any, Protocol
 
+from probe.core import interrupts
 from probe.errors import ProbeError
 from probe.sweep.config import Run
 from probe.sweep.worker import LOG, RunOptions, RunResult, WorkerFn
 
 RAY_INSTALL = 'pip install -e ".[ray]"'
+GRACE_S = 60.0
+"""How long an interrupted sweep waits for its runs to stop at a step boundary (a step, then writing last.pt)
+before it kills them; a second SIGINT or SIGTERM kills them at once."""
 
 
 def default_jobs() -> int:
@@ -51,7 +63,8 @@ def _context() -> multiprocessing.context.BaseContext:
     context = multiprocessing.get_context("forkserver")
     # A pool then starts in milliseconds, not seconds. torch._dynamo is what the first AdamW of a process imports
     # (about 5 s of CPU), paid once here rather than once per worker.
-    context.set_forkserver_preload(["probe.sweep.worker", "torch._dynamo"])
+    # probe.sweep._forkserver makes the server ignore SIGTERM to the whole group, which would break the pool
+    context.set_forkserver_preload(["probe.sweep._forkserver", "probe.sweep.worker", "torch._dynamo"])
     return context
 
 
@@ -82,7 +95,9 @@ class LocalExecutor:
         todo, attempts = deque(runs), Counter[str]()
         context = _context()
         while todo:
-            pool = ProcessPoolExecutor(self.parallelism, mp_context=context)
+            # workers only record SIGINT and SIGTERM: Ctrl-C reaches the whole process group, and a worker stopped
+            # anywhere (in the pipe back to this process, in a checkpoint write) would hang the pool or lose a step
+            pool = ProcessPoolExecutor(self.parallelism, mp_context=context, initializer=interrupts.install_for_worker)
             inflight: dict[Future[RunResult], Run] = {}
             broken: list[Run] = []
             clean = False
@@ -103,8 +118,10 @@ class LocalExecutor:
                             result = RunResult(run.key, "failed", run.out / LOG, error=f"{type(e).__name__}: {e}")
                         yield run, result
                 clean = True
+            except BaseException:  # interrupted, closed early (GeneratorExit) or a bug here: no worker outlives it
+                _stop_pool(pool, inflight)
+                raise
             finally:
-                # On an interrupt, do not wait for runs in flight: they resume from last.pt next time.
                 pool.shutdown(wait=clean, cancel_futures=True)
             for run in reversed(broken):
                 attempts[run.key] += 1
@@ -114,8 +131,78 @@ class LocalExecutor:
                     todo.appendleft(run)
 
 
-def _call(fn: WorkerFn, run: Run, opts: RunOptions) -> RunResult:
-    return fn(run, opts)
+def _stop_pool(pool: ProcessPoolExecutor, inflight: dict[Future[RunResult], Run]) -> None:
+    """Tell every worker to stop (SIGTERM: its run writes last.pt at its next step boundary and returns), wait up to
+    ``GRACE_S`` for the runs in flight, then kill the workers left and reap them."""
+    # The pool has no public list of its processes; _processes (pid -> Process) has been there since Python 3.2.
+    # Signals go by pid: a Process learns of its end from the fork server, which may be gone.
+    pids = list(getattr(pool, "_processes", {}))
+    _wait_for(lambda timeout: not wait(inflight, timeout=timeout).not_done, lambda: _signal(pids, signal.SIGTERM))
+    _signal([pid for pid in pids if _alive(pid)], signal.SIGKILL)  # idle now, or past the grace period
+    pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _signal(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, ended but not yet reaped by its parent, is not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def _wait_for(done: Callable[[float], bool], tell: Callable[[], object]) -> None:
+    """``tell()`` the workers to stop, then poll ``done(timeout)`` until it is true, ``GRACE_S`` have passed or a
+    further signal arrives (which is recorded, not raised: this wait must end in the kill that follows it)."""
+    with interrupts.deferred(escalate=False):
+        tell()
+        asked, deadline = interrupts.count(), time.monotonic() + GRACE_S
+        while interrupts.count() == asked and time.monotonic() < deadline:
+            if done(0.1):
+                return
+
+
+def _call(fn: WorkerFn, run: Run, opts: RunOptions, stop: str | None = None) -> RunResult:
+    # a Ray worker runs task after task: each starts with no stop asked, and Ray's own handlers come back after it
+    with interrupts.handling(escalate=False, defer=True), _stopped_by(stop):
+        return fn(run, opts)
+
+
+@contextlib.contextmanager
+def _stopped_by(path: str | None) -> Iterator[None]:
+    """While a Ray task runs, the file ``path`` appearing asks it to stop: a SIGTERM to its own process, as the local
+    pool's workers get from their parent. Not ray.cancel: interrupting a running task races its completion inside
+    Ray (a core-worker check fails and the driver aborts), and a file in the sweep's folder, which every node of a
+    cluster sees, reaches a task on any node."""
+    if path is None:
+        yield
+        return
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.2):
+            if os.path.exists(path):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
 
 
 class RayExecutor:
@@ -175,7 +262,10 @@ class RayExecutor:
         if self.gpus_per_run:
             options["num_gpus"] = self.gpus_per_run
         task = ray.remote(_call).options(**options)
-        pending = {task.remote(fn, run, opts): run for run in runs}
+        # the sweep's folder, shared by every node: where an interrupted driver asks its tasks to stop
+        stop = Path(os.path.commonpath([run.out.parent for run in runs])) / f".stop-{os.getpid()}-{time.time_ns()}"
+        pending = {task.remote(fn, run, opts, str(stop)): run for run in runs}
+        clean = False
         try:
             while pending:
                 done, _ = ray.wait(list(pending), num_returns=1)
@@ -190,9 +280,14 @@ class RayExecutor:
                         error = f"Ray could not run it: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[-1]}"
                         result = RunResult(run.key, "failed", run.out / LOG, error=error)
                     yield run, result
+            clean = True
         finally:
-            for ref in pending:  # interrupted: stop the rest; they resume from last.pt next time
-                ray.cancel(ref, force=True)
+            if not clean and pending:  # interrupted (or failed): stop the rest; they resume from last.pt next time
+                refs = list(pending)
+                _wait_for(lambda timeout: not ray.wait(refs, num_returns=len(refs), timeout=timeout)[1], stop.touch)
+                for ref in ray.wait(refs, num_returns=len(refs), timeout=0)[1]:  # past the grace period, or queued
+                    ray.cancel(ref, force=True)
+            stop.unlink(missing_ok=True)
 
 
 def make_executor(name: str, jobs: int | None = None, address: str | None = None, retries: int = 3,

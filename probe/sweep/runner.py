@@ -9,6 +9,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from probe import __version__
+from probe.checkpoint import load_checkpoint
+from probe.core import interrupts
+from probe.core.files import write_text_atomically
+from probe.core.lock import folder_lock
 from probe.core.progress import progress_bar
 from probe.errors import ProbeError
 from probe.sweep.config import SWEEP_FILE, Run, SweepConfig
@@ -33,9 +37,9 @@ class SweepOutcome:
 def write_sweep_file(cfg: SweepConfig, out: Path) -> Path:
     """Write ``DIR/sweep.json`` (the config this sweep ran, for ``--report``)."""
     out.mkdir(parents=True, exist_ok=True)
-    path = out / SWEEP_FILE
-    path.write_text(json.dumps({"probe_version": __version__, "config": cfg.to_dict()}, separators=(",", ":")))
-    return path
+    # never a torn sweep.json, which --report and every rerun read
+    return write_text_atomically(out / SWEEP_FILE, json.dumps({"probe_version": __version__, "config": cfg.to_dict()},
+                                                              separators=(",", ":")))
 
 
 def plan(cfg: SweepConfig, out: str | Path) -> list[tuple[Run, str]]:
@@ -46,10 +50,24 @@ def plan(cfg: SweepConfig, out: str | Path) -> list[tuple[Run, str]]:
 def run_sweep(cfg: SweepConfig, out: str | Path, executor: Executor, opts: RunOptions | None = None,
               progress: bool = True, worker: WorkerFn = execute_run) -> SweepOutcome:
     """Run every unfinished run of ``cfg`` in ``out/VARIANT/seedS`` on ``executor``; never raises for a run's own
-    failure (see ``SweepOutcome.failed``). ``worker`` is what each run executes (tests wrap it to kill workers)."""
+    failure (see ``SweepOutcome.failed``). ``worker`` is what each run executes (tests wrap it to kill workers).
+
+    The sweep holds ``out``'s lock throughout: a second sweep on the same folder is refused (``FolderLocked``) before
+    it writes anything. Interrupted (``KeyboardInterrupt``; SIGINT and SIGTERM where the caller handles them with
+    ``probe.core.interrupts``), every run in flight stops with its last.pt written and ``Interrupted`` says, in one
+    line, what every run keeps."""
     opts = opts or RunOptions()
-    t0 = time.perf_counter()
     out = Path(out)
+    with folder_lock(out, "sweep"):
+        try:
+            return _run_sweep(cfg, out, executor, opts, progress, worker)
+        except KeyboardInterrupt:
+            raise interrupts.stopped(kept(cfg, out)) from None
+
+
+def _run_sweep(cfg: SweepConfig, out: Path, executor: Executor, opts: RunOptions, progress: bool,
+               worker: WorkerFn) -> SweepOutcome:
+    t0 = time.perf_counter()
     write_sweep_file(cfg, out)
     results: dict[str, RunResult] = {}
     todo: list[Run] = []
@@ -68,11 +86,13 @@ def run_sweep(cfg: SweepConfig, out: str | Path, executor: Executor, opts: RunOp
     for result in results.values():
         if not result.ok:
             bar.write(f"FAILED {result.key}: {result.error}", file=sys.stderr)
+    ended = None
     try:
         if todo:
             executor.start()
             bar.set_postfix_str(f"running {min(executor.parallelism, len(todo))}, failed {failed}")
-            for n_done, (run, result) in enumerate(executor.map(worker, todo, opts), start=1):
+            ended = executor.map(worker, todo, opts)
+            for n_done, (run, result) in enumerate(ended, start=1):
                 results[run.key] = result
                 failed += not result.ok
                 if not result.ok:
@@ -80,7 +100,36 @@ def run_sweep(cfg: SweepConfig, out: str | Path, executor: Executor, opts: RunOp
                 bar.update(1)
                 bar.set_postfix_str(f"running {min(executor.parallelism, len(todo) - n_done)}, failed {failed}")
     finally:
+        if ended is not None:
+            ended.close()  # now, not when the traceback is freed: an interrupted executor stops its workers here
         bar.close()
         executor.close()
     return SweepOutcome([results[run.key] for run in runs], time.perf_counter() - t0, executor.startup_s,
                         executor.name)
+
+
+def kept(cfg: SweepConfig, out: str | Path, shown: int = 4) -> str:
+    """What the runs of ``cfg`` in ``out`` keep, in words: finished, trained (final.pt, to evaluate), stopped with
+    last.pt (the step of the first ``shown``), not started."""
+    by_state: dict[str, list[Run]] = {}
+    for run, state in plan(cfg, out):
+        by_state.setdefault(state, []).append(run)
+    parts = []
+    if by_state.get("finished"):
+        parts.append(f"{len(by_state['finished'])} finished")
+    if by_state.get("trained"):
+        parts.append(f"{len(by_state['trained'])} trained and not yet evaluated")
+    if by_state.get("interrupted"):
+        stopped = by_state["interrupted"]
+        steps = ", ".join(f"{r.key} at step {_step(r.out / 'last.pt')}" for r in stopped[:shown])
+        parts.append(f"{len(stopped)} with last.pt ({steps}{', ...' if len(stopped) > shown else ''})")
+    if by_state.get("new"):
+        parts.append(f"{len(by_state['new'])} not started")
+    return f"of {sum(map(len, by_state.values()))} runs in {out}, " + ", ".join(parts)
+
+
+def _step(last: Path) -> str:
+    try:
+        return str(load_checkpoint(last).step)
+    except ProbeError as e:
+        return f"? ({e})"

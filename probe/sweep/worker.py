@@ -16,6 +16,9 @@ from pathlib import Path
 import torch
 
 from probe.checkpoint import load_checkpoint
+from probe.core import interrupts
+from probe.core.files import write_text_atomically
+from probe.core.lock import FolderLocked, Held, folder_lock
 from probe.errors import ProbeError
 from probe.evaluate import evaluate_checkpoints, evaluate_windows, evaluation_envelope
 from probe.hardware import precision_used
@@ -43,7 +46,8 @@ class RunOptions:
 
 @dataclass(frozen=True)
 class RunResult:
-    """How a run ended. ``status``: trained, resumed, evaluated (final.pt was there), skipped or failed."""
+    """How a run ended. ``status``: trained, resumed, evaluated (final.pt was there), skipped, failed, or interrupted
+    (asked to stop: ``error`` then says what it kept, if anything)."""
 
     key: str
     status: str
@@ -77,7 +81,10 @@ def check_final(run: Run, device: str = "cpu") -> None:
     cluster this runs on the driver: a driver whose hardware differs from the training nodes' judges by its own.)"""
     model_cfg, task_cfg, train_cfg = build_configs(run.preset, run.task, list(run.overrides), steps=run.steps,
                                                    seed=run.seed)
-    ckpt = load_checkpoint(run.out / "final.pt")
+    try:
+        ckpt = load_checkpoint(run.out / "final.pt")
+    except ProbeError as e:  # damaged: never reused, and never trained over without being asked
+        raise ProbeError(f"{e}; delete it to train this run again") from None
     recorded = TrainConfig.from_dict(ckpt.train_config)
     if train_cfg.precision == "auto" and recorded.precision != "auto" and "precision_used" not in ckpt.extra \
             and recorded.precision == precision_used("auto", torch.device(device))[0]:
@@ -89,15 +96,33 @@ def check_final(run: Run, device: str = "cpu") -> None:
 
 def execute_run(run: Run, opts: RunOptions) -> RunResult:
     """Train (resuming from last.pt if there is one), evaluate into eval.json; never raises for the run's own
-    failures (they come back as ``status="failed"`` with a one-line error, the traceback in train.log)."""
+    failures (they come back as ``status="failed"`` with a one-line error, the traceback in train.log).
+
+    The run holds its folder's lock throughout (another writer is refused, and so is this run if another holds it).
+    Asked to stop (``probe.core.interrupts``), training stops at its next step with last.pt written and an evaluation
+    stops at once (eval.json is written last, atomically): ``status="interrupted"``."""
     t0 = time.perf_counter()
-    run.out.mkdir(parents=True, exist_ok=True)
+    log = run.out / LOG
+    try:
+        # a run that has not started when the stop is asked does not start; nothing is written before the lock
+        with interrupts.raising(), folder_lock(run.out, f"sweep run {run.key}") as held:
+            return _execute(run, opts, held, t0)
+    except FolderLocked as e:
+        return RunResult(run.key, "failed", log, time.perf_counter() - t0, str(e))
+    except KeyboardInterrupt as e:
+        return RunResult(run.key, "interrupted", log, time.perf_counter() - t0, str(e) or None)
+
+
+def _execute(run: Run, opts: RunOptions, held: Held, t0: float) -> RunResult:
     log = run.out / LOG
     torch.set_num_threads(1)
     with _output_to(log):
         state = run_state(run)
         print(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} {run.key} ({state}) pid {os.getpid()} on {opts.device}: "
               f"{run.command(resume=state == 'interrupted')}", flush=True)
+        if held.took_over is not None:
+            print(f"took over the lock of {held.took_over.describe()}, which ended without releasing it", flush=True)
+        phase = "training"
         try:
             resumed_from = None
             if state in ("trained", "finished"):
@@ -105,14 +130,21 @@ def execute_run(run: Run, opts: RunOptions) -> RunResult:
                 status = "evaluated"
             else:
                 if state == "interrupted":
-                    resumed_from = load_checkpoint(run.out / "last.pt").step
+                    resumed_from = _resume_step(run.out / "last.pt")
                     print(f"resuming from step {resumed_from}", flush=True)
                 model_cfg, task_cfg, train_cfg = build_configs(
                     run.preset, run.task, list(run.overrides), steps=run.steps, seed=run.seed)
                 train(model_cfg, task_cfg, train_cfg, run.out, opts.device, resume=state == "interrupted",
                       progress=False)
                 status = "resumed" if state == "interrupted" else "trained"
+            phase = "evaluating"
             evaluate_run(run, opts)
+        except KeyboardInterrupt as e:
+            kept = f"kept {e}" if str(e) else (
+                "final.pt kept; it is evaluated on the next run" if phase == "evaluating" else "nothing new kept")
+            print(f"=== {run.key}: interrupted while {phase} after {time.perf_counter() - t0:.1f} s: {kept}",
+                  flush=True)
+            raise interrupts.stopped(kept) from None
         # A run's own failure (bad override, non-finite loss, a bug it triggers) must not stop the other runs of
         # the sweep: it is caught here, whatever its type, reported in one line, its traceback kept in the log.
         except Exception as e:
@@ -122,6 +154,14 @@ def execute_run(run: Run, opts: RunOptions) -> RunResult:
         wall = time.perf_counter() - t0
         print(f"=== {run.key}: {status} in {wall:.1f} s", flush=True)
     return RunResult(run.key, status, log, wall, resumed_from=resumed_from)
+
+
+def _resume_step(last: Path) -> int:
+    """The step ``last`` holds; a damaged last.pt is refused with what to do about it (never trained over)."""
+    try:
+        return load_checkpoint(last).step
+    except ProbeError as e:
+        raise ProbeError(f"{e}; to train this run again from step 0, delete {last}") from None
 
 
 def evaluate_run(run: Run, opts: RunOptions) -> Path:
@@ -136,10 +176,8 @@ def evaluate_run(run: Run, opts: RunOptions) -> Path:
     windows = evaluate_windows([final], max(lengths), opts.eval_samples, device=opts.device)
     print(f"evaluated {len(lengths)} lengths x {opts.eval_samples} sequences, and the windows of positions to "
           f"{max(lengths)}, in {time.perf_counter() - t0:.1f} s", flush=True)
-    tmp = run.out / f".{EVAL}.tmp"
-    tmp.write_text(json.dumps(evaluation_envelope(curves, [final], windows), separators=(",", ":")))
-    os.replace(tmp, run.out / EVAL)
-    return run.out / EVAL
+    return write_text_atomically(run.out / EVAL, json.dumps(evaluation_envelope(curves, [final], windows),
+                                                            separators=(",", ":")))
 
 
 @contextlib.contextmanager
