@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,9 +18,9 @@ import torch
 
 from probe.cli import envelope, positive_int, resolve_device
 from probe.core.chance import chance
-from probe.core.lengths import multiples, parse_lengths, up_to
+from probe.core.lengths import multiples, parse_lengths, stepped, up_to
 from probe.core.meta import variant_name
-from probe.core.progress import progress_iter
+from probe.core.progress import note, progress_bar, progress_iter
 from probe.core.rows import CONTROL, check_row
 from probe.core.stats import fraction_above
 from probe.errors import ProbeError
@@ -115,10 +116,17 @@ def length_curve(
     device = next(model.parameters()).device
     check_lengths(model.cfg, task, lengths, device)  # before any work
     by_length: dict[int, list[dict[str, Any]]] = {}
-    for length in progress_iter(sorted(set(lengths), reverse=longest_first), desc, progress):
+    order = sorted(set(lengths), reverse=longest_first)
+    # the bar counts sequence positions, not lengths: longest first, a bar of lengths would extrapolate the
+    # longest one's time to every other (it once estimated 2 h 50 min for a 21-minute run)
+    bar = progress_bar(sum(n_samples * (task.prefix_len + n) for n in order), desc, progress, unit="pos",
+                       leave=False, unit_scale=True)
+    for length in order:
         fits = fit_batch_size(model.cfg, length, batch_size, device, prefix=task.prefix_len)
         by_length[length] = [{"length": length, "subtask": subtask, **acc} for subtask, acc in accuracy_at_length(
             model, task, length, n_samples, batch_size, seed, forward_batch=fits, factors=factors).items()]
+        bar.update(n_samples * (task.prefix_len + length))
+    bar.close()
     return pd.DataFrame([row for length in dict.fromkeys(lengths) for row in by_length[length]])
 
 
@@ -131,11 +139,12 @@ def lengthgen_score(curve: pd.DataFrame, train_length: int, factor: int = 3) -> 
 # --- results over checkpoints ------------------------------------------------------------------------------
 def evaluate_checkpoints(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, n_samples: int = 256,
                          batch_size: int = 256, seed: int = 0, device: torch.device | str = "cpu",
-                         progress: bool = False, factors: bool = False) -> pd.DataFrame:
+                         progress: bool = False, factors: bool = False,
+                         default: Callable[[int], list[int]] = up_to) -> pd.DataFrame:
     """Tidy curve of every checkpoint: ``checkpoint, label, seed, length, subtask, token_acc, seq_acc, n_tokens``.
 
-    Default lengths: 1 .. 4 x L_train of each checkpoint's task. ``factors``: also ``state_mod{q}`` rows (see
-    ``accuracy_at_length``).
+    Default lengths: ``default(L_train)`` of each checkpoint's task (1 .. 4 x L_train). ``factors``: also
+    ``state_mod{q}`` rows (see ``accuracy_at_length``).
     """
     if n_samples < 1 or batch_size < 1:
         raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
@@ -143,7 +152,7 @@ def evaluate_checkpoints(paths: Sequence[str | Path], lengths: Sequence[int] | N
     from probe.checkpoint import load_checkpoint
 
     ckpts = [load_checkpoint(path) for path in paths]
-    plans = [list(lengths) if lengths else up_to(c.task_config.train_length) for c in ckpts]
+    plans = [list(lengths) if lengths else default(c.task_config.train_length) for c in ckpts]
     for ckpt, lens in zip(ckpts, plans, strict=True):
         check_lengths(ckpt.model_config, ckpt.task_config, lens, device, name=str(ckpt.path or ckpt.name))
     frames = []
@@ -341,7 +350,8 @@ def evaluation_envelope(curves: pd.DataFrame, paths: Sequence[str | Path],
 
 
 def memory_plan(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, n_samples: int = 256,
-                batch_size: int = 256, device: torch.device | str = "cpu") -> Plan:
+                batch_size: int = 256, device: torch.device | str = "cpu",
+                default: Callable[[int], list[int]] = up_to) -> Plan:
     """The largest activation peak ``evaluate_checkpoints`` plans for over these checkpoints and lengths (the same
     sub-batches its ``length_curve`` picks, never more sequences than ``n_samples``): what ``python -m
     probe.evaluate`` reports beside the measured peak."""
@@ -350,31 +360,89 @@ def memory_plan(paths: Sequence[str | Path], lengths: Sequence[int] | None = Non
     plans = []
     for path in paths:
         ckpt = load_checkpoint(path)
-        lens = list(lengths) if lengths else up_to(ckpt.task_config.train_length)
+        lens = list(lengths) if lengths else default(ckpt.task_config.train_length)
         check_lengths(ckpt.model_config, ckpt.task_config, lens, device, name=str(ckpt.path or ckpt.name))
         plans.append(plan_lengths(ckpt.model_config, lens, min(batch_size, n_samples), device,
                                   prefix=ckpt.task_config.prefix_len))
     return max(plans, key=lambda p: p.bytes)
 
 
+# --- the time it will take --------------------------------------------------------------------------------------
+ESTIMATE_ABOVE_S = 30.0
+"""An evaluation estimated to take longer than this says so, with its estimate, before it starts."""
+
+
+@torch.no_grad()
+def _forward_seconds(model: HookedSequenceModel, task: TaskConfig, length: int, batch: int) -> float:
+    """Seconds of one forward pass of ``batch`` sequences of ``length`` (the second of two: the first warms up)."""
+    tokens = task.sample(length, batch, 0).tokens.to(next(model.parameters()).device)
+    model(tokens)
+    t0 = time.perf_counter()
+    model(tokens)
+    return time.perf_counter() - t0
+
+
+def estimate_seconds(model: HookedSequenceModel, task: TaskConfig, lengths: Sequence[int], n_samples: int,
+                     batch_size: int, windows_at: int | None = None) -> float:
+    """Seconds that ``length_curve`` over ``lengths`` (and ``windows_of`` at ``windows_at``) will take here, from
+    forward passes timed on this machine at the run's own sub-batch: one at L_train, and when that predicts more
+    than ``ESTIMATE_ABOVE_S``, one at the longest length, with a cost per pass linear in the positions through both
+    (the chord of attention's quadratic part). The second pass costs one length's forward, under 1 % of a run that
+    needs it."""
+    batch = min(n_samples, batch_size)
+    passes = math.ceil(n_samples / batch)
+    plan = [task.prefix_len + n for n in (*lengths, *([windows_at] if windows_at else []))]
+    n1 = task.prefix_len + task.train_length
+    t1 = _forward_seconds(model, task, task.train_length, batch)
+    guess = passes * sum(t1 * n / n1 for n in plan)
+    n2 = max(plan)
+    if guess <= ESTIMATE_ABOVE_S or n2 <= n1:
+        return guess
+    slope = (_forward_seconds(model, task, n2 - task.prefix_len, batch) - t1) / (n2 - n1)
+    return passes * sum(max(t1 + slope * (n - n1), 0.0) for n in plan)
+
+
+def _duration(seconds: float) -> str:
+    return (f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min" if seconds < 5400
+            else f"{seconds / 3600:.1f} h")
+
+
+def announce(paths: Sequence[str | Path], lengths: Sequence[int] | None, n_samples: int, batch_size: int,
+             device: torch.device | str, default: Callable[[int], list[int]] = up_to) -> float:
+    """Estimate the evaluation of ``paths`` (``estimate_seconds``) and, when it is long, say so in one line on
+    stderr before it starts. Returns the estimate."""
+    from probe.checkpoint import load_checkpoint
+
+    total, n_lengths = 0.0, 0
+    for path in paths:
+        ckpt = load_checkpoint(path)
+        task = ckpt.task_config
+        lens = list(lengths) if lengths else default(task.train_length)
+        n_lengths = max(n_lengths, len(lens))
+        total += estimate_seconds(ckpt.build_model(device).eval(), task, lens, n_samples, batch_size,
+                                  max(lengths) if lengths else 16 * task.train_length)
+    if total > ESTIMATE_ABOVE_S:
+        note(f"evaluating {len(paths)} checkpoint(s) x {n_lengths} lengths x {n_samples} sequences: about "
+             f"{_duration(total)} on this machine (from forward passes timed here)")
+    return total
+
+
 # --- CLI ---------------------------------------------------------------------------------------------------
 _HELP_JSON = """JSON (--json): results rows {checkpoint, label, seed, length, subtask (state|recall|all, and
-state_mod{q} with --factors), token_acc,
-seq_acc, n_tokens, train_length, precision, optimizer_impl, trained_on (how and where the checkpoint was trained)},
-plus one row per
-checkpoint and subtask with length null, metric "lengthgen_score" and its value in token_acc (mean token accuracy
-over lengths in (L_train, 3 L_train]), plus the metric of record: rows with length null, metric "window", {window
+state_mod{q} with --factors), token_acc, seq_acc, n_tokens, train_length, precision, optimizer_impl, trained_on (how
+and where the checkpoint was trained)}, plus one row per checkpoint and subtask with length null, metric
+"lengthgen_score" and its value in token_acc (mean token accuracy over the lengths evaluated in (L_train, 3
+L_train]: every one with --every-length), plus the metric of record: rows with length null, metric "window", {window
 ("in range", "(1x, 2x]", ... "(16x, 32x]"), lo, hi (stream positions lo < t <= hi), beyond (every position past
 L_train), subtask (state, recall, state_mod{q} for each prime-power factor q of the modulus), token_acc, seq_acc
 (every answer in the window right), n_tokens, chance (1/m, 1/q, 1/n_values), above_chance_by, evaluated_length}:
 accuracy at the positions of each whole window covered by the longest length evaluated, measured on sequences of
 that length (the all-position mean at a length k x L_train mixes in-range positions in; claims are made from
-windows); controls rows {control: "chance", subtask,
-token_acc, kind "control", passed, worst_in_range}: the accuracy of guessing uniformly (state 1/m, recall
-1/n_values); passed when every checkpoint's mean token accuracy over lengths <= L_train beats it. memory
-{planned_bytes (the activations of the largest sub-batch at the costliest length, probe.memory's estimate),
-planned_batch, planned_length, available_bytes (free when planned), measured_bytes (the peak growth of the process's
-memory during the evaluation), measured_by (how it was measured)}."""
+windows); controls rows {control: "chance", subtask, token_acc, kind "control", passed, worst_in_range}: the
+accuracy of guessing uniformly (state 1/m, recall 1/n_values); passed when every checkpoint's mean token accuracy
+over lengths <= L_train beats it. memory {planned_bytes (the activations of the largest sub-batch at the costliest
+length, probe.memory's estimate), planned_batch, planned_length, available_bytes (free when planned), measured_bytes
+(the peak growth of the process's memory during the evaluation), measured_by (how it was measured)}."""
 
 
 def _note(text: str) -> None:
@@ -383,8 +451,12 @@ def _note(text: str) -> None:
 
 @dataclass
 class EvaluateOptions(CheckpointOptions):
-    lengths: list[int] | None = lengths_option("1:4xL_train, every length")
+    lengths: list[int] | None = lengths_option("every L_train/5-th length to 4x L_train, 5:100:5 for L_train 25, "
+                                               "and the windows at 16x")
     samples: int = samples_option(256)
+    every_length: bool = option(False, "every length 1..4x L_train (the score's protocol, as the study reports it) "
+                                       "instead of every L_train/5-th: the same curve, about 3x the default run's "
+                                       "time (benchmarks/cli_defaults.py)")
     batch_size: int = option(256, "sub-batch size, bounds memory (default 256)", type=positive_int)
     factors: bool = option(False, "also the state answers' accuracy modulo each prime-power factor q of the modulus "
                                   "(subtasks state_mod2, state_mod5 for m = 10): parity apart from the rest")
@@ -396,13 +468,16 @@ def run(opts: EvaluateOptions) -> Report:
 
     paths = resolve_checkpoints(opts.checkpoints, note=None if opts.json else _note)
     device = resolve_device(opts.device)
-    plan = memory_plan(paths, opts.lengths, opts.samples, opts.batch_size, device)
+    default = up_to if opts.every_length else stepped
+    plan = memory_plan(paths, opts.lengths, opts.samples, opts.batch_size, device, default)
+    if opts.progress:
+        announce(paths, opts.lengths, opts.samples, opts.batch_size, device, default)
     with PeakMemory(device) as peak:
         curves = evaluate_checkpoints(paths, opts.lengths, opts.samples, opts.batch_size, opts.seed, device,
-                                      progress=not opts.json, factors=opts.factors)
+                                      progress=opts.progress, factors=opts.factors, default=default)
         longest = int(opts.lengths and max(opts.lengths) or 0) or None
         windows = evaluate_windows(paths, longest, opts.samples, opts.batch_size, opts.seed, device,
-                                   progress=not opts.json)
+                                   progress=opts.progress)
     text = [f"{r.checkpoint}: {r.label}, seed {r.seed}, trained in {r.precision} (AdamW {r.optimizer_impl})"
             for r in curves.drop_duplicates("checkpoint").itertuples()]
     text.append(summary_table(curves).to_string(index=False))

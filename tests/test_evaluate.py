@@ -236,11 +236,54 @@ def test_folder_of_shipped_checkpoints_evaluates_every_file(two_seeds, capsys):
     assert json.loads(capsys.readouterr().out)["checkpoints"] == [str(p) for p in two_seeds]
 
 
-def test_progress_goes_to_stderr_and_json_stays_silent(two_seeds, capsys):
+def test_progress_goes_to_stderr_also_under_json_and_no_progress_silences_it(two_seeds, capsys):
     assert main([str(two_seeds[0]), "--lengths", "1:3", "--samples", "4"]) == 0
     assert "hybrid-joint (s0.pt)" in capsys.readouterr().err
     assert main([str(two_seeds[0]), "--lengths", "1:3", "--samples", "4", "--json"]) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)
+    assert "hybrid-joint (s0.pt)" in captured.err and "pos" in captured.err  # the bar counts sequence positions
+    assert main([str(two_seeds[0]), "--lengths", "1:3", "--samples", "4", "--json", "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_default_lengths_are_every_fifth_of_l_train_and_every_length_is_a_flag(tmp_path, capsys):
+    from probe.core.lengths import stepped, up_to
+
+    task = make_task("interleaved", train_length=10)
+    path = save_checkpoint(tmp_path / "h.pt", checkpoint_from_model(tiny_model("hybrid", task.vocab_size), task))
+    for extra, lengths in (([], stepped(10)), (["--every-length"], up_to(10))):
+        assert main([str(path), "--samples", "2", "--json", "--no-progress", *extra]) == 0
+        rows = pd.DataFrame(json.loads(capsys.readouterr().out)["results"])
+        assert sorted(rows[rows.length.notna()].length.astype(int).unique()) == lengths
+        assert set(rows[rows.metric == "window"].evaluated_length) == {16 * 10}, "the windows stay at 16x"
+    assert stepped(10) == [2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40]
+    assert {13, 26, 39, 52} <= set(stepped(13)), "the multiples of L_train are always evaluated"
+
+
+def test_a_long_evaluation_says_its_estimate_before_it_starts(two_seeds, capsys, monkeypatch):
+    import probe.evaluate as E
+
+    monkeypatch.setattr(E, "ESTIMATE_ABOVE_S", 0.0)  # every evaluation counts as long
+    assert main([str(two_seeds[0]), "--lengths", "1:8", "--samples", "4", "--json"]) == 0
+    first = capsys.readouterr().err.lstrip("\r").splitlines()[0]
+    assert first.startswith("evaluating 1 checkpoint(s) x 8 lengths x 4 sequences: about ") and "timed here" in first
+    monkeypatch.setattr(E, "ESTIMATE_ABOVE_S", 1e9)  # a short one says nothing
+    assert main([str(two_seeds[0]), "--lengths", "1:8", "--samples", "4", "--json"]) == 0
+    assert "about" not in capsys.readouterr().err
+
+
+def test_the_estimate_grows_with_the_work_and_is_measured_on_this_machine(monkeypatch):
+    import probe.evaluate as E
+
+    task = make_task("interleaved", train_length=4)
+    model = tiny_model("hybrid", task.vocab_size)
+    monkeypatch.setattr(E, "_forward_seconds", lambda model, task, length, batch: 0.01 * (task.prefix_len + length))
+    monkeypatch.setattr(E, "ESTIMATE_ABOVE_S", 0.0)
+    short = E.estimate_seconds(model, task, [4, 8], 16, 16)
+    assert short == pytest.approx(0.01 * sum(task.prefix_len + n for n in (4, 8)))
+    assert E.estimate_seconds(model, task, [4, 8], 32, 16) == pytest.approx(2 * short), "two passes per length"
+    assert E.estimate_seconds(model, task, [4, 8], 16, 16, windows_at=64) > short
 
 
 class _ShiftedOracle(torch.nn.Module):

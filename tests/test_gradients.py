@@ -271,7 +271,7 @@ def test_schedule_gate_at_the_switch(runs):
 @pytest.mark.slow  # trains two 40-60-step runs (module fixture)
 def test_cli_json_and_figures(runs, tmp_path, capsys):
     rc = G.main([str(runs["joint"] / "trajectory"), "--json", "--lengths", "8", "--samples", "16", "--la-batches", "4",
-                 "--la-eval-batches", "2", "--out", str(tmp_path / "o")])
+                 "--la-eval-batches", "2", "--full-lookahead", "--out", str(tmp_path / "o")])
     assert rc == 0
     obj = json.loads(capsys.readouterr().out)
     assert obj["command"] == "gradients" and len(obj["checkpoints"]) == 3
@@ -506,3 +506,24 @@ def test_beyond_verdict_rule(att_far, att_train, expected):
          "z": att_train, "direction_norm": 1.0, "vs_random_z": 0.0}])
     v = BY.verdict_beyond(rows)
     assert v["verdict"] == expected and "refute" not in v["detail"]
+
+
+def test_cli_default_lookahead_is_the_quick_one_and_full_lookahead_the_study_s(monkeypatch):
+    from probe.gradients import analysis
+    from probe.gradients import cli as gcli
+
+    seen = []
+
+    def capture(*args, **kwargs):
+        seen.append(args[6])  # the LookaheadConfig the run would use
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(analysis, "analyze", capture)
+    for argv in (["x.pt"], ["x.pt", "--full-lookahead"], ["x.pt", "--no-lookahead"], ["x.pt", "--la-batches", "3"]):
+        with pytest.raises(RuntimeError, match="captured"):
+            gcli.run(gcli.COMMAND.parse(argv))
+    quick, full, none, three = seen
+    assert quick.scales == (1.0,) and (quick.n_batches, quick.eval_batches, quick.train_eval_batches,
+                                       quick.n_random) == (8, 4, 4, 2)
+    assert full == G.LookaheadConfig(), "--full-lookahead is the library's lookahead, the one the study reports"
+    assert none is None and three.n_batches == 3 and three.scales == (1.0,)

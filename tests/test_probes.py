@@ -573,11 +573,11 @@ def test_cli_json_and_figures(tmp_path, capsys):
                                                                                 itask))
     out = tmp_path / "out"
     code = main([str(lstm_path), str(hybrid_path), "--json", "--out", str(out), "--lengths", "8,16",
-                 "--n-train", "24", "--n-train-beyond", "8", "--samples", "8", "--n-patch", "8"])
+                 "--n-train", "24", "--n-train-beyond", "8", "--samples", "8", "--n-patch", "8", "--windows", "3,10,L"])
     assert code == 0
     captured = capsys.readouterr()
     obj = json.loads(captured.out)
-    assert "probes" not in captured.err  # no progress bar under --json
+    assert "probes" in captured.err  # the progress bar goes to stderr, also under --json
     assert obj["command"] == "probes" and len(obj["checkpoints"]) == 2
     rows = pd.DataFrame(obj["results"])
     assert set(rows.checkpoint) == {str(lstm_path), str(hybrid_path)}
@@ -588,7 +588,7 @@ def test_cli_json_and_figures(tmp_path, capsys):
     hybrid_hooks = set(probes[probes.checkpoint == str(hybrid_path)].hook)
     assert "blocks.1.hook_attn_out" in hybrid_hooks and "blocks.0.lstm.hook_c" in hybrid_hooks
     assert "blocks.0.lstm.hook_h+blocks.1.lstm.hook_h" in hybrid_hooks
-    # the CLI adds the windowed-sum targets (3, 10, L_train = 8) and the random-subspace baseline by default
+    # --windows adds the windowed-sum targets (3, 10, L_train = 8); the random-subspace baseline is on by default
     assert set(probes.control_target) == {"permuted", "window3", "window8", "window10"}
     main_rows = probes[(probes.control_target == "permuted") & (probes.scope == "length")]
     for target in ("window3", "window8", "window10"):
@@ -641,3 +641,35 @@ def test_permuted_control_on_z2_is_a_user_error():
 
     with pytest.raises(ProbeError, match="m >= 3"):
         control_map(2)
+
+
+def test_cli_default_run_is_the_small_one_and_full_the_study_s(tmp_path, monkeypatch):
+    from probe.probes import analysis
+    from probe.probes import cli as pcli
+
+    task = make_task("interleaved", train_length=4)
+    ckpt = save_checkpoint(tmp_path / "h.pt", checkpoint_from_model(tiny_model("hybrid", task.vocab_size), task))
+    seen = []
+
+    def capture(ckpt, device, **kw):
+        seen.append(kw)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(analysis, "run_probes", capture)
+    for argv in ([str(ckpt)], [str(ckpt), "--full"], [str(ckpt), "--full", "--windows", "none", "--n-train", "7"]):
+        with pytest.raises(RuntimeError, match="captured"):
+            pcli.run(pcli.COMMAND.parse(argv))
+    small, full, mixed = ({k: kw[k] for k in ("lengths", "n_train", "n_train_beyond", "n_patch", "windows")}
+                          for kw in seen)
+    assert small == {"lengths": [4, 12], "n_train": 100, "n_train_beyond": 50, "n_patch": 32, "windows": []}
+    assert full == {"lengths": [4, 8, 12, 16], "n_train": 200, "n_train_beyond": 100, "n_patch": 48,
+                    "windows": [3, 10, "L"]}
+    assert mixed == {**full, "n_train": 7, "windows": []}, "a flag given overrides --full"
+
+
+def test_cli_lengths_within_l_train_print_a_line_instead_of_the_beyond_table(tmp_path, capsys):
+    task = make_task("interleaved", train_length=8)
+    ckpt = save_checkpoint(tmp_path / "h.pt", checkpoint_from_model(tiny_model("hybrid", task.vocab_size), task))
+    assert main([str(ckpt), "--lengths", "8", "--samples", "4", "--n-train", "12", "--n-train-beyond", "4",
+                 "--no-patching", "--no-progress"]) == 0
+    assert "no length beyond L_train" in capsys.readouterr().out

@@ -24,8 +24,14 @@ if TYPE_CHECKING:
     from probe.gradients.analysis import GradientReport
 
 LOOKAHEAD_BATCHES, LOOKAHEAD_EVAL_BATCHES, LOOKAHEAD_STEP = 24, 8, 1e-6
-"""``LookaheadConfig``'s defaults, repeated here so that ``--help`` needs no import of the models (a test checks
-that they agree)."""
+LOOKAHEAD_SCALES, LOOKAHEAD_RANDOM = (0.01, 0.1, 0.3, 1.0), 4
+"""``LookaheadConfig``'s defaults (the full lookahead, ``--full-lookahead``), repeated here so that ``--help`` needs
+no import of the models (a test checks that they agree)."""
+QUICK_BATCHES, QUICK_EVAL_BATCHES, QUICK_SCALES, QUICK_RANDOM = 8, 4, (1.0,), 2
+"""The default run's lookahead: the verdict's step size alone (a real update, scale 1), a third of the direction
+batches, half the evaluation batches and two random directions. Its cost is mostly float64 forward passes, one per
+(direction, step size) over every evaluation batch: 11 passes over 8 batches here against 36 over 16 in full, so the
+default run answers within ~30 s on one core (``benchmarks/cli_defaults.py``) while keeping every control."""
 
 DESCRIPTION = """\
 Attention-gradient interference on the recurrent weights: how much of their gradient arrives through attention, and
@@ -35,7 +41,11 @@ Usage: python -m probe.gradients ckpt.pt (one checkpoint), python -m probe.gradi
 run directories: curves over training), or a glob. g = dL/dtheta for the recurrent weights theta (each block's
 cell: the LSTM's four tensors, the GRU's, the SSM's projections and A_log); g_rec = the same with attention's q, k, v
 detached (every path through attention cut); g_att = g - g_rec. Definitions and what each control catches:
-docs/guides/gradients.md."""
+docs/guides/gradients.md.
+
+The default run answers within ~30 s on one core (benchmarks/cli_defaults.py): the interference table, and the
+lookahead at the real update's step size alone on fewer batches and two random directions: its verdict with every
+control, at less power. --full-lookahead is the lookahead the study reports; --no-lookahead the table alone."""
 
 HELP_COLUMNS = """\
 JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "label" (the variant), "seed", "step",
@@ -76,11 +86,22 @@ class GradientOptions(CheckpointOptions):
     lengths: list[int] | None = lengths_option("the training length and 3x", aliases=["--length"])
     samples: int = samples_option(64, "sequences per batch, at each length and in each lookahead batch",
                                   aliases=["--batch"])
-    no_lookahead: bool = option(False, "only the interference table (fast)")
-    la_batches: int = option(LOOKAHEAD_BATCHES, "training-distribution batches averaged into each step direction "
-                                                f"(default {LOOKAHEAD_BATCHES})", type=positive_int)
-    la_eval_batches: int = option(LOOKAHEAD_EVAL_BATCHES, "evaluation batches beyond the training range, and of "
-                                  f"held-out training batches (default {LOOKAHEAD_EVAL_BATCHES})", type=positive_int)
+    no_lookahead: bool = option(False, "only the interference table and its checks (about a quarter of the default "
+                                       "run's time)")
+    full_lookahead: bool = option(False, "the lookahead the study reports: step sizes "
+                                  + ", ".join(f"{s:g}" for s in LOOKAHEAD_SCALES) + " x the update (the default "
+                                  + "takes the real update, 1, alone), "
+                                  f"{LOOKAHEAD_BATCHES} direction batches, {LOOKAHEAD_EVAL_BATCHES} + "
+                                  f"{LOOKAHEAD_EVAL_BATCHES} evaluation batches and {LOOKAHEAD_RANDOM} random "
+                                  f"directions (default {QUICK_BATCHES}, {QUICK_EVAL_BATCHES} + {QUICK_EVAL_BATCHES}, "
+                                  f"{QUICK_RANDOM}): the effect at every step size and tighter intervals; about 5x "
+                                  "the default run's time (benchmarks/cli_defaults.py)")
+    la_batches: int | None = option(None, "training-distribution batches averaged into each step direction "
+                                          f"(default {QUICK_BATCHES}; {LOOKAHEAD_BATCHES} with --full-lookahead)",
+                                    type=positive_int)
+    la_eval_batches: int | None = option(None, "evaluation batches beyond the training range, and of held-out "
+                                               f"training batches (default {QUICK_EVAL_BATCHES}; "
+                                               f"{LOOKAHEAD_EVAL_BATCHES} with --full-lookahead)", type=positive_int)
     la_step: float = option(LOOKAHEAD_STEP, "size of the tiny step that checks the first-order prediction, / |theta| "
                                              f"(default {LOOKAHEAD_STEP:g})", type=positive_float)
     threads: int = threads_option(1)
@@ -91,11 +112,15 @@ def run(opts: GradientOptions) -> Report:
     from probe.gradients.analysis import analyze
     from probe.gradients.lookahead import LookaheadConfig
 
+    full = opts.full_lookahead
+    n_batches = opts.la_batches or (LOOKAHEAD_BATCHES if full else QUICK_BATCHES)
+    n_eval = opts.la_eval_batches or (LOOKAHEAD_EVAL_BATCHES if full else QUICK_EVAL_BATCHES)
     cfg = None if opts.no_lookahead else LookaheadConfig(
-        n_batches=opts.la_batches, batch_size=opts.samples, eval_batches=opts.la_eval_batches,
-        train_eval_batches=opts.la_eval_batches, rel_step=opts.la_step)
+        n_batches=n_batches, batch_size=opts.samples, eval_batches=n_eval, train_eval_batches=n_eval,
+        rel_step=opts.la_step, scales=LOOKAHEAD_SCALES if full else QUICK_SCALES,
+        n_random=LOOKAHEAD_RANDOM if full else QUICK_RANDOM)
     report = analyze(opts.checkpoints, opts.lengths, opts.samples, opts.seed, resolve_device(opts.device),
-                     opts.stored_gate, cfg, progress=not opts.json)
+                     opts.stored_gate, cfg, progress=opts.progress)
     return Report(sorted(report.interference.checkpoint.unique().tolist()), report.rows(), report.controls,
                   format_report(report), figures=lambda: figures(report))
 

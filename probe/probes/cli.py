@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from probe.cli import nonnegative_int, positive_int, resolve_device
 from probe.runner import CheckpointOptions, Command, Report, lengths_option, option, samples_option
@@ -19,6 +19,12 @@ CONTROL_TARGETS = ("permuted", "history", "bigram")  # = probe.probes.targets' (
 WINDOWS = (3, 10, "L")  # = probe.probes.targets'
 RANDOM_SUBSPACES = 3
 """Repeated here so that ``--help`` needs no import of the models."""
+SIZES = {"factors": (1, 3), "n_train": 100, "n_train_beyond": 50, "n_patch": 32, "windows": ()}
+FULL = {"factors": (1, 2, 3, 4), "n_train": 200, "n_train_beyond": 100, "n_patch": 48, "windows": WINDOWS}
+"""The default run and the study's (``--full``): lengths (x L_train: in range and the end of the length-generalization
+range by default), training and patch sequences, windowed-sum targets. A probe's fit costs in proportion to its
+training positions, and each length adds its tests and interventions: the default is about a third of the full
+run, and what it leaves out is said in ``--help``."""
 
 
 def window_list(text: str) -> list[int | str]:
@@ -40,6 +46,10 @@ def window_list(text: str) -> list[int | str]:
 
 DESCRIPTION = """\
 Linear probes that decode the running sum s_t mod m, with controls, and interventions on the recurrent state.
+
+The default run answers within ~30 s on one core (benchmarks/cli_defaults.py): every probe, intervention and control
+below at L_train and 3x, on half the study's training and patch sequences, without the windowed-sum targets. --full
+is the study's run: 1x..4x, twice the sequences, the windowed sums 3,10,L; about 3x the time.
 
 The recurrent state of a block is what its cell carries, as its hooks: the output lstm.hook_h, then the LSTM's
 cell state lstm.hook_c, or the SSM's lstm.hook_state; the GRU's state is lstm.hook_h alone
@@ -89,22 +99,36 @@ class ProbeOptions(CheckpointOptions):
                                            "vectors (h, then c or state), " + ", ".join(HOOK_SUFFIXES) + " that "
                                            "exist, each recurrent block's whole state (h+c), every block's h, every "
                                            "block's whole state", nargs="+", type=str, order=-1)
-    lengths: list[int] | None = lengths_option("1x,2x,3x,4x the checkpoint's L_train")
+    lengths: list[int] | None = lengths_option("1x,3x the checkpoint's L_train; 1x..4x with --full; each length adds "
+                                               "its probes' tests and interventions")
     samples: int = samples_option(48, "test sequences per test length", aliases=["--n-test"])
-    n_train: int = option(200, "training sequences of length L_train, every position used (200)", type=positive_int)
-    n_train_beyond: int = option(100, "held-out sequences of length 3 L_train whose positions t > L_train train the "
-                                      "beyond-range probes (100)", type=positive_int)
-    n_patch: int = option(48, "base sequences per patch position (48)", type=positive_int)
+    n_train: int | None = option(None, f"training sequences of length L_train, every position used ({SIZES['n_train']}"
+                                       f"; {FULL['n_train']} with --full)", type=positive_int)
+    n_train_beyond: int | None = option(None, "held-out sequences of length 3 L_train whose positions t > L_train "
+                                              f"train the beyond-range probes ({SIZES['n_train_beyond']}; "
+                                              f"{FULL['n_train_beyond']} with --full)", type=positive_int)
+    n_patch: int | None = option(None, f"base sequences per patch position ({SIZES['n_patch']}; {FULL['n_patch']} "
+                                       "with --full)", type=positive_int)
     control: str = option("permuted", "control target: permuted (sum of pi(x_i) mod m, default), history or bigram "
                                       "(Hewitt & Liang types)", choices=CONTROL_TARGETS)
-    windows: list[int | str] = option(list(WINDOWS), "windowed-sum control targets: the sum of the last k numbers "
-                                      "mod m, probed beside s_t for each k (L = the checkpoint's L_train; none = "
-                                      "skip; default " + ",".join(map(str, WINDOWS)) + ")", type=window_list,
-                                      metavar="K,K,...")
+    windows: list[int | str] | None = option(None, "windowed-sum control targets: the sum of the last k numbers mod "
+                                             "m, probed beside s_t for each k (L = the checkpoint's L_train): a hook "
+                                             "that decodes a window better than s_t beyond L_train shows a windowed "
+                                             "shortcut; each k adds a probe per hook and band (default none; "
+                                             + ",".join(map(str, WINDOWS)) + " with --full)", type=window_list,
+                                             metavar="K,K,...")
     random_subspaces: int = option(RANDOM_SUBSPACES, "random subspaces of the same rank as each probe subspace, the "
                                    f"baseline of the subspace interchange (0 = skip; default {RANDOM_SUBSPACES})",
                                    type=nonnegative_int, metavar="N")
     no_patching: bool = option(False, "skip the interventions")
+    full: bool = option(False, "the study's run: lengths 1x,2x,3x,4x, 200 + 100 training and 48 patch sequences, "
+                               "windowed sums 3,10,L (the flags above override each); about 3x the default run's "
+                               "time (benchmarks/cli_defaults.py)")
+
+    def size(self, key: str) -> Any:
+        """A size the command line left open: the default run's, or the study's with ``--full``."""
+        given = getattr(self, key, None)
+        return given if given is not None else (FULL if self.full else SIZES)[key]
 
 
 def run(opts: ProbeOptions) -> Report:
@@ -119,14 +143,16 @@ def run(opts: ProbeOptions) -> Report:
     ckpts = [load_checkpoint(path, map_location=device) for path in paths]  # every file checked before any work
     for path, ckpt in zip(paths, ckpts, strict=True):
         L = ckpt.task_config.train_length
-        check_lengths(ckpt.model_config, ckpt.task_config, [*(opts.lengths or multiples(L)), 3 * L], device,
-                      name=str(path))
+        check_lengths(ckpt.model_config, ckpt.task_config, [*(opts.lengths or multiples(L, opts.size("factors"))),
+                                                            3 * L], device, name=str(path))
     results, text = [], []
     for path, ckpt in zip(paths, ckpts, strict=True):
-        res = run_probes(ckpt, device, lengths=opts.lengths, hooks=opts.hooks, n_train=opts.n_train,
-                         n_train_beyond=opts.n_train_beyond, n_test=opts.samples, n_patch=opts.n_patch,
+        lengths = opts.lengths or multiples(ckpt.task_config.train_length, opts.size("factors"))
+        res = run_probes(ckpt, device, lengths=lengths, hooks=opts.hooks, n_train=opts.size("n_train"),
+                         n_train_beyond=opts.size("n_train_beyond"), n_test=opts.samples, n_patch=opts.size("n_patch"),
                          seed=opts.seed, patching=not opts.no_patching, control=opts.control,
-                         windows=opts.windows, random_subspaces=opts.random_subspaces, progress=not opts.json)
+                         windows=list(opts.size("windows")), random_subspaces=opts.random_subspaces,
+                         progress=opts.progress)
         results.append(res)
         text.append(_text(path, res))
     rows, controls = [], []
@@ -144,8 +170,12 @@ def _text(path: Path, res: ProbeResult) -> str:
     """One checkpoint's tables: probes, windowed-sum targets, interventions and verdicts, headline, failed controls."""
     from probe.probes.analysis import headline, summary_table
 
-    lines = [f"\n{path}  (L_train={res.train_length}; positions t > L_train only; cells: probe trained in range / "
-             f"trained beyond (c = control target, trained beyond))", summary_table(res).to_string()]
+    if (res.by_length.test_positions == "beyond").any():
+        lines = [f"\n{path}  (L_train={res.train_length}; positions t > L_train only; cells: probe trained in range / "
+                 f"trained beyond (c = control target, trained beyond))", summary_table(res).to_string()]
+    else:  # every length within L_train: the beyond-range table has nothing to show (every row is in the JSON)
+        lines = [f"\n{path}  (L_train={res.train_length}): no length beyond L_train, so no table of positions "
+                 "t > L_train; give a longer --lengths"]
     if not res.window_targets.empty:
         wt = res.window_targets
         wt = wt[(wt.test_positions == "beyond") & (wt.train_positions == "beyond")]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Rerun every analysis of the shipped checkpoints whose output README and docs quote: study/results/{gradients,
 # attributions,probes,shortcuts}/, figures/ and the executed notebooks. Run it after a file in checkpoints/ changes.
-# Each step is one of the commands the docs give; on this 2-core machine the whole script takes about 30 min of CPU.
+# Each step is one of the commands the docs give, at the study's sizes (--full-lookahead, probes --full: the
+# commands' defaults are smaller, to answer within ~30 s each); it takes tens of minutes of CPU.
 # Then study/scripts/compact_results.py trims study/results/ to what the docs quote.
 # Usage: study/scripts/analyze_shipped.sh [STEP ...]   (steps: gradients attributions probes shortcuts figures notebooks;
 # default all)
@@ -29,13 +30,13 @@ for step in "${steps[@]}"; do
   case $step in
     gradients)
       to study/results/gradients/trajectories_shipped.json $PY -m probe.gradients checkpoints/trajectories/hybrid-joint \
-        checkpoints/trajectories/hybrid-dat --json
-      to study/results/gradients/final_shipped.json $PY -m probe.gradients "${hybrids[@]}" --json ;;
+        checkpoints/trajectories/hybrid-dat --full-lookahead --json
+      to study/results/gradients/final_shipped.json $PY -m probe.gradients "${hybrids[@]}" --full-lookahead --json ;;
     attributions)
       to study/results/attributions/final_shipped.json $PY -m probe.attributions "${hybrids[@]}" --json
       to study/results/attributions/final_ig_L25_shipped.json $PY -m probe.attributions "${hybrids[@]}" --lengths 25 --ig --json ;;
     probes)
-      $PY -m probe.probes checkpoints/*.pt --json --out study/results/probes > /dev/null ;;
+      $PY -m probe.probes checkpoints/*.pt --full --json --out study/results/probes > /dev/null ;;
     shortcuts)
       $PY -m probe.shortcuts checkpoints/*.pt --json --out study/results/shortcuts > /dev/null ;;
     figures)

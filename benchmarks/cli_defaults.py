@@ -1,0 +1,159 @@
+"""Time every analysis command's default run on a shipped checkpoint, on one thread, beside a plain forward+backward.
+
+Usage: ``python benchmarks/cli_defaults.py [--group default options long] [--only NAME ...]``. Each command runs as
+a user runs it (``python -m probe.NAME ckpt --threads 1 --no-progress --json``, imports included) in a process of
+its own; the table gives its wall time, its CPU time (user + system of that process: what one free core would take,
+also on a busy machine), and the CPU time in units of one forward+backward pass of the same model (64 sequences of
+length 3 x L_train, one thread), a ratio that holds across machines and loads. ``default`` (the default group) is
+every command as it starts; ``options`` the opt-in flags whose cost ``--help`` quotes; ``long`` the runs that take
+many minutes (every length to 16x, a retrain). The docs quote the figures this prints, with the machine it names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+CKPT = ROOT / "checkpoints"
+BUDGET_S = 30.0
+"""A default run should answer within this on one idle core (issue 35): judged on CPU time."""
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MPLBACKEND": "Agg"}
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    group: str
+    args: list[str]
+    reference: str  # the checkpoint whose forward+backward is the unit
+
+    def command(self, tmp: Path) -> list[str]:
+        return [sys.executable, "-m", *[a.format(ckpt=CKPT, tmp=tmp) for a in self.args]]
+
+
+def _analysis(name: str, module: str, ckpt: str, *extra: str, group: str = "default") -> Case:
+    return Case(name, group, [f"probe.{module}", f"{{ckpt}}/{ckpt}.pt", *extra, "--threads", "1", "--no-progress",
+                              "--json"], ckpt)
+
+
+CASES = [
+    _analysis("evaluate", "evaluate", "hybrid-joint"),
+    _analysis("gradients", "gradients", "hybrid-joint"),
+    _analysis("gradients --no-lookahead", "gradients", "hybrid-joint", "--no-lookahead"),
+    _analysis("attributions", "attributions", "hybrid-joint"),
+    _analysis("probes", "probes", "hybrid-dat"),
+    _analysis("shortcuts", "shortcuts", "hybrid-joint"),
+    _analysis("sharpness", "sharpness", "hybrid-dat"),
+    Case("transitions", "default", ["probe.transitions", "{tmp}/hybrid-ssm-complex-dat.pt", "--threads", "1",
+                                    "--no-progress", "--json"], "hybrid-dat"),
+    _analysis("evaluate --every-length", "evaluate", "hybrid-joint", "--every-length", group="options"),
+    _analysis("gradients --full-lookahead", "gradients", "hybrid-joint", "--full-lookahead", group="options"),
+    _analysis("probes --full", "probes", "hybrid-dat", "--full", group="options"),
+    Case("figures --small", "options", ["probe.figures", "--small", "--out", "{tmp}/figures", "--threads", "1",
+                                        "--no-progress"], "hybrid-joint"),
+    Case("sweep smoke test (lstm, 12 steps, --quick)", "options",
+         ["probe.sweep", "--preset", "lstm", "--seeds", "0", "--steps", "12", "--quick", "--out", "{tmp}/smoke",
+          "--no-progress"], "hybrid-joint"),
+    _analysis("evaluate, the sweep's 16x (1:100,125:400:25)", "evaluate", "hybrid-joint", "--lengths",
+              "1:100,125:400:25", group="long"),
+    _analysis("evaluate --lengths 1:400", "evaluate", "hybrid-joint", "--lengths", "1:400", group="long"),
+    Case("retrain hybrid-joint", "long", ["probe.retrain", "{ckpt}/hybrid-joint.pt", "--out", "{tmp}/retrain",
+                                          "--threads", "1", "--no-progress"], "hybrid-joint"),
+]
+
+
+def forward_backward_seconds(name: str, repeats: int = 5) -> float:
+    """Median CPU seconds of one forward+backward pass of checkpoint ``name`` (64 x 3 L_train, one thread): CPU time,
+    as the commands' column, so that a busy machine slows neither."""
+    from probe.checkpoint import load_checkpoint
+
+    ckpt = load_checkpoint(CKPT / f"{name}.pt")
+    model, task = ckpt.build_model("cpu"), ckpt.task_config
+    batch = task.sample(3 * task.train_length, 64, 0)
+    times = []
+    for _ in range(repeats + 1):  # the first pass warms up
+        model.zero_grad(set_to_none=True)
+        t0 = time.process_time()
+        model(batch.tokens, labels=batch.labels).backward()
+        times.append(time.process_time() - t0)
+    return statistics.median(times[1:])
+
+
+def ssm_checkpoint(folder: Path) -> Path:
+    """A randomly initialised SSM hybrid of the ``hybrid-ssm-complex-dat`` preset's size (none is shipped; the
+    transitions' cost does not depend on the weights)."""
+    from probe.checkpoint import checkpoint_from_model, save_checkpoint
+    from probe.models import HookedSequenceModel
+    from probe.train import build_configs
+
+    model_cfg, task, train_cfg = build_configs("hybrid-ssm-complex-dat")
+    torch.manual_seed(0)
+    return save_checkpoint(folder / "hybrid-ssm-complex-dat.pt", checkpoint_from_model(
+        HookedSequenceModel(model_cfg), task, train_config=train_cfg.to_dict()))
+
+
+def run(case: Case, tmp: Path) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (user + system of the child) and exit code of one case."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    done = subprocess.run(case.command(tmp), cwd=ROOT, env={**os.environ, **ONE_THREAD}, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode:
+        print(f"  {case.name} exited {done.returncode}: {done.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime), done.returncode
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                     if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{model}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--group", nargs="+", default=["default"], choices=["default", "options", "long"])
+    parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="cases whose name starts so")
+    args = parser.parse_args(argv)
+    cases = [c for c in CASES if c.group in args.group and (not args.only or any(c.name.startswith(o)
+                                                                                  for o in args.only))]
+    torch.set_num_threads(1)
+    print(f"machine: {machine()}")
+    print(f"load average at start: {os.getloadavg()[0]:.1f} (above 0: other work shares the cores, so wall times "
+          "are slow; CPU times and ratios hold)")
+    units = {name: forward_backward_seconds(name) for name in dict.fromkeys(c.reference for c in cases)}
+    print("plain forward+backward, 64 sequences x 3 L_train, 1 thread, CPU time: "
+          + ", ".join(f"{n} {s:.3f} s" for n, s in units.items()))
+    print(f"\n{'command (one thread, --no-progress --json)':<48} {'wall s':>7} {'cpu s':>7} {'x fwd+bwd':>9} "
+          f"{'load':>5}  budget")
+    with tempfile.TemporaryDirectory() as folder:
+        tmp = Path(folder)
+        if any(c.name == "transitions" for c in cases):
+            ssm_checkpoint(tmp)
+        for case in cases:
+            wall, cpu, code = run(case, tmp)
+            budget = "" if case.group != "default" else "ok" if cpu <= BUDGET_S else f"OVER {BUDGET_S:.0f} s"
+            print(f"{case.name:<48} {wall:7.1f} {cpu:7.1f} {cpu / units[case.reference]:9.0f} "
+                  f"{os.getloadavg()[0]:5.1f}  {budget if code == 0 else f'exit {code}'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
