@@ -42,7 +42,7 @@ class Inputs:
     def __init__(self, checkpoints: Path, results: Path | None = None, seed: int = 0, device: str = "cpu",
                  quick: bool = False) -> None:
         self.checkpoints, self.results, self.seed, self.device = checkpoints, results, seed, device
-        self.quick = quick  # small samples everywhere: a smoke run of the pipeline, not numbers to report
+        self.quick = quick  # small samples everywhere (--small): a smoke run of the pipeline, not numbers to report
         missing = [p for p in self.finals + self.trajectories if not p.exists()]
         if missing:
             wanted = ", ".join(p + ".pt" for p in PRESETS)
@@ -72,6 +72,13 @@ class Inputs:
         return self.checkpoints / f"{preset}.pt"
 
     @cached_property
+    def train_length(self) -> int:
+        """L_train of the shipped checkpoints (one task for all four)."""
+        from probe.checkpoint import load_checkpoint
+
+        return load_checkpoint(self.ckpt("hybrid-joint")).task_config.train_length
+
+    @cached_property
     def curves(self) -> pd.DataFrame:
         """All seeds of the reproduction grid (``RESULTS/reproduction/``, a grid in compact form; an older
         ``evaluate.json`` envelope is read too); else the seed-0 checkpoints, evaluated here."""
@@ -86,10 +93,11 @@ class Inputs:
         if path is not None:
             df = pd.DataFrame(json.loads(path.read_text())["results"])
             return df[df.length.notna()].astype({"length": int}).assign(train_length=25)
+        from probe.core.lengths import stepped, up_to
         from probe.evaluate import evaluate_checkpoints
 
         return evaluate_checkpoints(self.finals, n_samples=16 if self.quick else 128, seed=self.seed,
-                                    device=self.device)
+                                    device=self.device, default=stepped if self.quick else up_to)
 
     @cached_property
     def gradients_over_training(self) -> Any:
@@ -100,10 +108,18 @@ class Inputs:
         path = None if self.results is None else self.results / "gradients" / "trajectories_shipped.json"
         if path is not None and path.exists() and not self.quick:
             return gradients.GradientReport.from_json(json.loads(path.read_text()))
-        cfg = gradients.LookaheadConfig(n_batches=2, batch_size=8, eval_batches=1, train_eval_batches=1) \
-            if self.quick else gradients.LookaheadConfig()
-        return gradients.analyze(self.trajectories, seed=self.seed, device=self.device,
-                                 batch_size=16 if self.quick else 64, lookahead_cfg=cfg)
+        if not self.quick:
+            return gradients.analyze(self.trajectories, seed=self.seed, device=self.device)
+        from probe.checkpoint import resolve_checkpoints
+
+        # a curve over training needs its ends and a middle, not every snapshot; one step size, two random draws
+        snapshots = []
+        for folder in self.trajectories:
+            files = resolve_checkpoints([str(folder)])
+            snapshots += list(dict.fromkeys([files[0], files[len(files) // 2], files[-1]]))
+        cfg = gradients.LookaheadConfig(n_batches=2, batch_size=8, eval_batches=2, train_eval_batches=2,
+                                        scales=(1.0,), n_random=2)
+        return gradients.analyze(snapshots, seed=self.seed, device=self.device, batch_size=8, lookahead_cfg=cfg)
 
     @cached_property
     def gradients_final(self) -> Any:
@@ -117,21 +133,23 @@ class Inputs:
         from probe import attributions
 
         return attributions.analyze([self.ckpt("hybrid-joint"), self.ckpt("hybrid-dat")], seed=self.seed,
-                                    device=self.device, batch_size=4 if self.quick else 32)
+                                    device=self.device, batch_size=4 if self.quick else 32,
+                                    lengths=[self.train_length] if self.quick else None)
 
     @cached_property
     def probes(self) -> list[Any]:
         from probe.checkpoint import load_checkpoint
         from probe.probes import run_probes
 
-        kw = dict(n_train=40, n_train_beyond=16, n_test=8, n_patch=8) if self.quick else {}
+        kw: dict[str, Any] = dict(n_train=40, n_train_beyond=16, n_test=8, n_patch=8,
+                                  lengths=[self.train_length, 3 * self.train_length]) if self.quick else {}
         return [run_probes(load_checkpoint(p), device=self.device, seed=self.seed, **kw) for p in self.finals]
 
     @cached_property
     def shortcuts(self) -> list[Any]:
         from probe.shortcuts import analyze
 
-        kw = dict(n_sequences=16, window_samples=32) if self.quick else {}
+        kw: dict[str, Any] = dict(n_sequences=16, window_samples=32, lengths=[self.train_length]) if self.quick else {}
         return [analyze(p, device=self.device, seed=self.seed, **kw) for p in self.finals]
 
     @cached_property
@@ -470,7 +488,9 @@ class FigureOptions(Options):
                                        "that can be is computed from the checkpoints)", metavar="DIR")
     retrain: bool = option(False, argparse.SUPPRESS)  # removed: says so in one line
     quiet: bool = option(False, "no progress bar or per-figure lines on stderr")
-    quick: bool = option(False, "tiny samples everywhere: checks the pipeline in seconds, numbers not for reporting")
+    quick: bool = option(False, "tiny samples, fewer lengths and three snapshots of each trajectory: every figure "
+                                "drawn end to end as a check of the pipeline, numbers not for reporting; about a "
+                                "minute of one core (benchmarks/cli_defaults.py)", flag="--small", aliases=["--quick"])
     out: str = option("figures", "output directory for the figures and their index README.md (default figures/)",
                       metavar="DIR", order=4)
 
@@ -486,7 +506,7 @@ def run(opts: FigureOptions) -> Report:
             raise ProbeError(f"unknown figure(s) {', '.join(sorted(unknown))}; known: "
                              + ", ".join(s.name for s in FIGURES))
         specs = [s for s in FIGURES if s.name in opts.only]
-    quiet = opts.quiet or opts.json
+    quiet = opts.quiet or opts.no_progress
     if opts.retrain:
         raise ProbeError("--retrain is gone: train the runs first (python -m probe.sweep ... --out RUNS), then "
                          "draw the figures from their checkpoints (--checkpoints) and results (--results)")

@@ -52,7 +52,7 @@ def test_every_figure_and_the_index(shipped, tmp_path, monkeypatch):
     nothing = tmp_path / "none"
     nothing.mkdir()  # no shipped results: every figure is recomputed
     assert main(["--checkpoints", str(shipped), "--results", str(nothing), "--out", str(out),
-                 "--format", "png,pdf", "--device", "cpu", "--quick"]) == 0
+                 "--format", "png,pdf", "--device", "cpu", "--small"]) == 0
     made = [s for s in FIGURES if not s.needs]  # a figure of a committed grid cannot be recomputed: skipped
     assert len(made) < len(FIGURES)
     for spec in FIGURES:
@@ -76,7 +76,7 @@ def test_only_leaves_an_existing_index_as_it_is(shipped, tmp_path, capsys):
     row = "| [probe_heatmap.png](probe_heatmap.png) | old caption | `x` | `y` | 55 |"
     (out / "README.md").write_text(header + row + "\n")
     assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
-                 "--only", "accuracy_vs_length", "--quick"]) == 0
+                 "--only", "accuracy_vs_length", "--small"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["README.md", "accuracy_vs_length.png", "probe_heatmap.png"]
     # the new figure gets a row; every line that was there stays byte for byte
     index = (out / "README.md").read_text()
@@ -87,7 +87,7 @@ def test_only_leaves_an_existing_index_as_it_is(shipped, tmp_path, capsys):
     assert "accuracy_vs_length" in capsys.readouterr().err  # the progress bar names the figure being made
     # remaking a figure the index already lists changes nothing in it (a committed index stays clean)
     assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
-                 "--only", "accuracy_vs_length", "--quick", "--quiet"]) == 0
+                 "--only", "accuracy_vs_length", "--small", "--quiet"]) == 0
     assert capsys.readouterr().err == ""
     assert (out / "README.md").read_text() == index
 
@@ -96,6 +96,7 @@ def test_only_leaves_an_existing_index_as_it_is(shipped, tmp_path, capsys):
                                   "retrain"])
 def test_bad_input_is_one_line_exit_2_and_nothing_written(shipped, tmp_path, capsys, case):
     out = tmp_path / "out"
+    # --quick, the old spelling of --small, still parses
     args = ["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out), "--quick"]
     if case == "unknown":
         args += ["--only", "nope"]
@@ -174,16 +175,16 @@ def _tiny_recurrent_grid(root):
 def test_recurrence_figure_is_drawn_from_its_grid_and_refused_without_it(shipped, tmp_path, capsys):
     out = tmp_path / "figs"
     assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
-                 "--only", "which_recurrence", "--quick"]) == 2
+                 "--only", "which_recurrence", "--small"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "recurrent" in err and not out.exists()
     # without --results (the default) nothing is read from a results folder: the grid figure says what it needs
-    assert main(["--checkpoints", str(shipped), "--out", str(out), "--only", "which_recurrence", "--quick"]) == 2
+    assert main(["--checkpoints", str(shipped), "--out", str(out), "--only", "which_recurrence", "--small"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--results recurrent/" in err and not out.exists()
     results = _tiny_recurrent_grid(tmp_path / "results")
     assert main(["--checkpoints", str(shipped), "--results", str(results), "--out", str(out),
-                 "--only", "which_recurrence", "--quick", "--quiet"]) == 0
+                 "--only", "which_recurrence", "--small", "--quiet"]) == 0
     assert (out / "which_recurrence.png").stat().st_size > 10_000
 
 
