@@ -78,7 +78,7 @@ def main() -> int:
     except ProbeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    return sweep_main([str(results / "reproduction"), "--report", "--no-figure"])
+    return sweep_main([str(results / "reproduction"), "--report", "--no-figure", "--in-place"])
 
 
 if __name__ == "__main__":
