@@ -280,7 +280,7 @@ FIGURES: list[FigureSpec] = [
                "seeds (thick), 95% t-interval (band), each seed (thin); top row the state mod 10, bottom row its "
                "parity (mod 2); dotted: chance; shaded: training lengths 1-25. The LSTM column is the reproduction's "
                "LSTM and the mechanism grid's joint and DAT hybrids, evaluated to 4x only.",
-               "python -m probe.sweep {results}/recurrent --report",
+               "python -m probe.sweep {results}/recurrent --report --out runs/recurrent-report",
                "{results}/{recurrent,reproduction,mechanism}/", _recurrence, needs="recurrent"),
     FigureSpec("gradient_interference",
                "Gradient interference over training, joint vs DAT (the shipped trajectories): |g_att|/|g| and "
