@@ -38,6 +38,7 @@ class Case:
     group: str
     args: list[str]
     reference: str  # the checkpoint whose forward+backward is the unit
+    log: str | None = None  # a log the command writes under tmp, whose "evaluated" line is printed beside its row
 
     def command(self, tmp: Path) -> list[str]:
         return [sys.executable, "-m", *[a.format(ckpt=CKPT, tmp=tmp) for a in self.args]]
@@ -60,12 +61,13 @@ CASES = [
                                     "--no-progress", "--json"], "hybrid-dat"),
     _analysis("evaluate --every-length", "evaluate", "hybrid-joint", "--every-length", group="options"),
     _analysis("gradients --full-lookahead", "gradients", "hybrid-joint", "--full-lookahead", group="options"),
+    _analysis("attributions --ig", "attributions", "hybrid-joint", "--ig", group="options"),
     _analysis("probes --full", "probes", "hybrid-dat", "--full", group="options"),
     Case("figures --small", "options", ["probe.figures", "--small", "--out", "{tmp}/figures", "--threads", "1",
                                         "--no-progress"], "hybrid-joint"),
     Case("sweep smoke test (lstm, 12 steps, --quick)", "options",
          ["probe.sweep", "--preset", "lstm", "--seeds", "0", "--steps", "12", "--quick", "--out", "{tmp}/smoke",
-          "--no-progress"], "hybrid-joint"),
+          "--no-progress"], "hybrid-joint", log="smoke/*/seed0/train.log"),
     _analysis("evaluate, the sweep's 16x (1:100,125:400:25)", "evaluate", "hybrid-joint", "--lengths",
               "1:100,125:400:25", group="long"),
     _analysis("evaluate --lengths 1:400", "evaluate", "hybrid-joint", "--lengths", "1:400", group="long"),
@@ -152,6 +154,9 @@ def main(argv: list[str]) -> int:
             budget = "" if case.group != "default" else "ok" if cpu <= BUDGET_S else f"OVER {BUDGET_S:.0f} s"
             print(f"{case.name:<48} {wall:7.1f} {cpu:7.1f} {cpu / units[case.reference]:9.0f} "
                   f"{os.getloadavg()[0]:5.1f}  {budget if code == 0 else f'exit {code}'}", flush=True)
+            for log in sorted(tmp.glob(case.log)) if case.log else []:
+                lines = [line for line in log.read_text().splitlines() if line.startswith("evaluated")]
+                print(f"  its log: {lines[-1] if lines else 'no evaluated line'}")
     return 0
 
 

@@ -1,4 +1,6 @@
-"""Time ``probe.gradients`` on one checkpoint with the default settings on one CPU thread (budget: <= 30 s).
+"""Time ``probe.gradients``'s default analysis on one checkpoint on one CPU thread, by phase (budget: <= 30 s).
+
+The default is the command's quick lookahead; ``benchmarks/cli_defaults.py`` times the command itself, imports included.
 
 Usage: ``python benchmarks/gradients_speed.py [ckpt.pt]``. Without an argument it uses ``checkpoints/hybrid-joint.pt``
 if shipped, else a randomly initialised model of the ``hybrid-joint`` preset's size (same cost).
@@ -18,6 +20,7 @@ from probe.checkpoint import checkpoint_from_model, load_checkpoint, save_checkp
 from probe.core.batches import analysis_batch
 from probe.core.lengths import multiples
 from probe.gradients import controls as C
+from probe.gradients.cli import QUICK_BATCHES, QUICK_EVAL_BATCHES, QUICK_RANDOM, QUICK_SCALES
 from probe.models import HookedSequenceModel
 from probe.train import build_configs
 
@@ -37,8 +40,11 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         default = Path("checkpoints/hybrid-joint.pt")
         path = Path(argv[0]) if argv else (default if default.exists() else preset_checkpoint(Path(tmp)))
+        # the command's default lookahead (python -m probe.gradients without --full-lookahead)
+        cfg = G.LookaheadConfig(n_batches=QUICK_BATCHES, eval_batches=QUICK_EVAL_BATCHES,
+                                train_eval_batches=QUICK_EVAL_BATCHES, scales=QUICK_SCALES, n_random=QUICK_RANDOM)
         t0 = time.perf_counter()
-        report = G.analyze([path])
+        report = G.analyze([path], lookahead_cfg=cfg)
         total = time.perf_counter() - t0
 
         ckpt = load_checkpoint(path)
@@ -61,7 +67,7 @@ def main(argv: list[str]) -> int:
           f"{torch.get_num_threads()}")
     lengths = multiples(ckpt.task_config.train_length, G.DEFAULT_FACTORS)
     print(f"default analysis (batch 64, lengths {lengths}, lookahead over "
-          f"{G.LookaheadConfig.n_batches} batches): {total:.2f} s; budget {BUDGET_S:.0f} s: "
+          f"{cfg.n_batches} batches, step scale {cfg.scales}): {total:.2f} s; budget {BUDGET_S:.0f} s: "
           f"{'ok' if total <= BUDGET_S else 'OVER'}")
     for name, secs in phases.items():
         print(f"  {name:<28} {secs:6.2f} s")
