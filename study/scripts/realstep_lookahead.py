@@ -1,0 +1,177 @@
+"""The lookahead at AdamW's real step and its rollouts (``probe.gradients.realstep``) over runs' snapshots, into CSVs.
+
+Usage: ``python study/scripts/realstep_lookahead.py RUN [RUN ...] [--steps 250 300 ... 1500] [--rollout 50]
+[--work DIR] [--out study/results/gradients/realstep]``. Each RUN is a run folder whose ``trajectory/`` holds
+snapshots written with ``train.traj_optimizer=true`` (``study/sweeps/realstep.toml`` trains such runs). For each
+snapshot at ``--steps`` (default every 50 steps over 250-1500, where the early-cut grid places the counter's
+forming: ``rnn0-until250`` fails 2 of 5 seeds, ``rnn0-until1000`` holds 5 of 5):
+
+- the real step (``measure_real_step`` at its defaults): AdamW's next update from the snapshot's own optimizer
+  state, split into attention's part, the recurrent part, the carried momentum and the weight decay, each stepped
+  at its own size (its ``fraction_of_update`` recorded), and the whole update; the change of the held-out training
+  loss and of the state loss per window beyond L (to 16 L), first order and taken; a random step matched to
+  attention's part in norm and in its projection on the training-loss gradient;
+- two rollouts of ``--rollout`` steps from the snapshot on the run's own batches: ``kept`` (the run itself) and
+  ``cut`` (the recurrent sublayers without their gradient through attention); the same losses after each.
+
+Its checks, per snapshot: the parts sum to the update (an identity); the matched random has the norm and projection
+asked for; the kept rollout's first step is the computed update (``realstep_matches_adamw``: fails if the batch,
+learning rate, clipping, moments or bias correction are not the run's) and its last weights are the run's own
+snapshot ``--rollout`` steps later, bit for bit (``rollout_reproduces_run``); per window, a verdict that attention's
+part raises or lowers the loss must exceed the matched random's change (``realstep_vs_matched_random``, a control).
+Every snapshot's rows go to ``--work/<run>/step_XXXXXX.json`` (a rerun skips those), and after each snapshot the
+script rewrites in ``--out``: ``realstep.csv`` (per run, step, part and target), ``verdicts.csv`` (per run, step and
+window: the moments' source, each part's fraction of the update, the verdict, the matched baseline and the rollout's
+outcome), ``rollout.csv`` (per run, step and target) and ``checks.csv``.
+
+The question, fixed before the runs: in which joint runs, at which steps, does attention's part of the real update
+raise the state loss beyond the training range by more than a matched random step, and does removing it for 50
+steps lower that loss? Read per window and per run (every seed shown): the share of snapshots with a ``raises``
+verdict that passes its control, and the rollout's ``cut - kept`` change with its z.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from probe.checkpoint import load_checkpoint
+from probe.core.meta import checkpoint_meta
+from probe.core.progress import progress_iter
+from probe.core.rows import threshold_row
+from probe.errors import ProbeError
+from probe.gradients.decomposition import lstm_parameter_names
+from probe.gradients.realstep import RealStepConfig, controls, measure_real_step, rollout_rows, verdicts
+from probe.training.rollout import continue_run, weight_difference
+
+STUDY = Path(__file__).resolve().parent.parent
+STEPS = list(range(250, 1501, 50))
+ROLLOUT = 50
+ADAMW_TOL = 1e-3
+"""|first step of the kept rollout - computed update| / |update|: float32 (and a fused kernel's) rounding against
+the float64 update; a wrong batch, lr, clip or moment misses by order 1."""
+META = ["variant", "seed", "step"]
+REALSTEP_COLUMNS = META + ["part", "loss", "positions", "step_norm", "fraction_of_update", "dL", "dL_se", "z",
+                           "dL_first", "dL_first_se", "vs_matched", "vs_matched_se", "vs_matched_z", "loss_before",
+                           "moments", "adam_step", "lr", "clip", "update_norm"]
+VERDICT_COLUMNS = META + ["positions", "moments", "fraction_att", "fraction_rec", "fraction_momentum",
+                          "fraction_decay", "verdict", "baseline", "dL_att", "z_att", "vs_matched", "vs_matched_z",
+                          "dL_train_att", "z_train_att", "rollout_cut_minus_kept", "rollout_z", "rollout_outcome",
+                          "rollout_reproduced"]
+ROLLOUT_COLUMNS = META + ["loss", "positions", "loss_kept", "loss_cut", "cut_minus_kept", "cut_minus_kept_se",
+                          "cut_minus_kept_z", "rollout_steps"]
+
+
+def outcome(z: float) -> str:
+    """The rollout's reading of one target: what removing attention's path for the rollout's steps did to it."""
+    if math.isnan(z):
+        return "not measured"
+    return ("cut lowers the loss" if z < -2 else "cut raises the loss" if z > 2 else "no difference detected")
+
+
+def measure(snapshot: Path, cache: Path, rollout: int = ROLLOUT, cfg: RealStepConfig | None = None) -> dict:
+    """Every row and check of one snapshot, from ``cache`` when it is there."""
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    ckpt = load_checkpoint(snapshot)
+    meta = checkpoint_meta(ckpt)
+    meta["variant"] = ckpt.variant
+    name = meta["checkpoint"]
+    rows, info = measure_real_step(ckpt, cfg)
+    verdict = verdicts(rows)
+    checks = controls(name, info, verdict)
+    kept, cut = continue_run(ckpt, rollout, "kept"), continue_run(ckpt, rollout, "cut")
+    names = lstm_parameter_names(kept.model)
+    first = torch.cat([(ckpt.state_dict[n].double() - kept.first_step[n].double()).flatten() for n in names])
+    full = info["step"].parts["full"].to(first)
+    checks.append(threshold_row(name, "realstep_matches_adamw", float((first - full).norm() / full.norm()),
+                                ADAMW_TOL, "|the kept rollout's first step (torch's AdamW) - the computed update| / "
+                                "|update|: fails if the batch, lr, clipping, moments or bias correction differ"))
+    later = snapshot.parent / f"step_{ckpt.step + rollout:06d}.pt"
+    diff = weight_difference(kept.model.state_dict(), load_checkpoint(later)) if later.is_file() else math.nan
+    checks.append(threshold_row(name, "rollout_reproduces_run", diff, 0.0,
+                                f"largest |weight| difference between the kept rollout and the run's own snapshot "
+                                f"{rollout} steps later (NaN: none there): fails if the rollout is not the run"))
+    roll = rollout_rows({"kept": kept.model, "cut": cut.model}, info["targets"]).assign(rollout_steps=rollout)
+    shares = rows[rows.positions == "<=L"].set_index("part").fraction_of_update
+    by_window = roll.set_index("positions")
+    verdict = verdict.assign(
+        moments=rows.moments.iloc[0], **{f"fraction_{p}": float(shares[p]) for p in ("rec", "momentum", "decay")},
+        rollout_cut_minus_kept=[float(by_window.cut_minus_kept[w]) for w in verdict.positions],
+        rollout_z=[float(by_window.cut_minus_kept_z[w]) for w in verdict.positions],
+        rollout_reproduced=bool(diff == 0.0))
+    verdict["rollout_outcome"] = verdict.rollout_z.map(outcome)
+    keep = {k: meta[k] for k in ("checkpoint", "run", "variant", "seed", "step")}
+    obj = {"realstep": [{**keep, **r} for r in rows.to_dict("records")],
+           "verdicts": [{**keep, **r} for r in verdict.to_dict("records")],
+           "rollout": [{**keep, **r} for r in roll.to_dict("records")],
+           "controls": [{**keep, **c} for c in checks]}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, default=str))
+    tmp.replace(cache)  # a killed run leaves no half-written cache
+    return json.loads(cache.read_text())
+
+
+def _round(df: pd.DataFrame) -> pd.DataFrame:
+    """Floats to 4 significant digits: the committed CSVs stay small, and no reading here needs more."""
+    out = df.copy()
+    for col in out.columns:
+        if pd.api.types.is_float_dtype(out[col]):
+            out[col] = out[col].map(lambda x: float(f"{x:.4g}") if pd.notna(x) else x)
+    return out
+
+
+def collect(objs: list[dict[str, Any]], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    frames = {"realstep": REALSTEP_COLUMNS, "verdicts": VERDICT_COLUMNS, "rollout": ROLLOUT_COLUMNS,
+              "checks": META + ["control", "kind", "positions", "value", "threshold", "passed"]}
+    for key, columns in frames.items():
+        rows = pd.DataFrame([r for o in objs for r in o["controls" if key == "checks" else key]])
+        df = rows.reindex(columns=columns).sort_values(META, kind="stable")
+        _round(df).to_csv(out / f"{key}.csv", index=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="run folders whose trajectory/ carries the optimizer state")
+    p.add_argument("--steps", nargs="+", type=int, default=STEPS)
+    p.add_argument("--rollout", type=int, default=ROLLOUT, help="steps of each rollout branch")
+    p.add_argument("--work", type=Path, default=Path("runs/realstep-lookahead"), help="per-snapshot cache")
+    p.add_argument("--out", type=Path, default=STUDY / "results" / "gradients" / "realstep")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    try:
+        # coarse to fine, each step across all runs: a run cut short still covers the whole window at half the
+        # resolution
+        steps = sorted(set(args.steps))
+        jobs = []
+        for step in steps[::2] + steps[1::2]:
+            for run in args.runs:
+                snap = run / "trajectory" / f"step_{step:06d}.pt"
+                if not snap.is_file():
+                    raise ProbeError(f"{snap}: no snapshot at step {step}; train the run with --set "
+                                     "train.traj_every=50 --set train.traj_optimizer=true --set "
+                                     "train.traj_dtype=float32")
+                jobs.append((snap, args.work / f"{run.parent.name}-{run.name}" / f"step_{step:06d}.json"))
+        objs = []
+        for snap, cache in progress_iter(jobs, "snapshots", True):
+            objs.append(measure(snap, cache, args.rollout))
+            collect(objs, args.out)
+    except ProbeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    failed = pd.read_csv(args.out / "checks.csv").query("passed == False")
+    print(f"{len(objs)} snapshots into {args.out}; checks failed: {len(failed)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
