@@ -154,6 +154,9 @@ def test_the_kept_rollout_reproduces_the_run_and_the_cut_one_departs(run):
     kept = continue_run(snap, 20)
     assert weight_difference(kept.model.state_dict(), later) == 0.0  # bit for bit
     assert weight_difference(continue_run(snap, 20, "cut").model.state_dict(), later) > 1e-4
+    # the snapshot is left as it was: a second branch from it starts where the first did
+    assert weight_difference(continue_run(snap, 20).model.state_dict(), later) == 0.0
+    assert int(snap.optimizer_state["state"][0]["step"]) == 10
     # continued on the batches one step late, it is not the run: the comparison can fail
     late = continue_run(dataclasses.replace(snap, step=11), 19)
     assert weight_difference(late.model.state_dict(), later) > 1e-4

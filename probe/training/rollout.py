@@ -4,13 +4,14 @@ into the recurrent sublayers (``cut``): the real-step lookahead's non-linear che
 A snapshot written with ``train.traj_optimizer=true`` (or a ``last.pt``) holds the weights, AdamW's state and the
 schedule's state; the batch of each step is a pure function of (seed, step). So the run's own trainer, loaded from
 it, takes exactly the steps the run took: the ``kept`` branch must reproduce the run's later snapshot bit for bit on
-the machine and precision that trained it, which ``weight_difference`` checks. The ``cut`` branch takes the same
-steps with the recurrent sublayers' (and their pre-LN's) gradient through attention dropped, as ``stopgrad-rnn``
-trains; every other parameter learns as in the run.
+the machine, precision and thread count that trained it, which ``weight_difference`` checks. The ``cut`` branch
+takes the same steps with the recurrent sublayers' (and their pre-LN's) gradient through attention dropped, as
+``stopgrad-rnn`` trains; every other parameter learns as in the run.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -75,15 +76,22 @@ def continue_run(ckpt: Checkpoint, steps: int, branch: str = "kept", device: str
                       progress=False)
     trainer.model.load_state_dict(ckpt.state_dict)
     trainer.schedule.load_state_dict(ckpt.extra.get("schedule_state") or {})
-    trainer.optimizer.load_state_dict(ckpt.optimizer_state)
+    # a copy: the optimizer keeps tensors it is given as they are and steps them in place, which would change
+    # the checkpoint that the next branch starts from
+    trainer.optimizer.load_state_dict(copy.deepcopy(ckpt.optimizer_state))
     trainer.step = ckpt.step
     if branch == "cut":
         trainer.schedule = _WithoutAttentionPath(trainer.schedule)
     losses, first = [], {}
-    for step in range(ckpt.step, ckpt.step + steps):
-        losses.append(trainer.train_step(step)[0])
-        if step == ckpt.step:
-            first = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cfg.threads)  # as the run trained: another thread count sums in another order
+    try:
+        for step in range(ckpt.step, ckpt.step + steps):
+            losses.append(trainer.train_step(step)[0])
+            if step == ckpt.step:
+                first = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+    finally:
+        torch.set_num_threads(threads)
     return Rollout(branch, ckpt.step, steps, trainer.model.eval(), first, losses, trainer.precision_used)
 
 
