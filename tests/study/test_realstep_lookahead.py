@@ -35,12 +35,12 @@ def test_the_grid_is_the_mechanism_grid_s_joint_with_snapshots_to_resume_from():
     def configs(run):
         return build_configs(run.preset, run.task, list(run.overrides), steps=run.steps, seed=run.seed)
 
-    joint = next(r for r in load_config(ROOT / "study" / "sweeps" / "mechanism.toml").runs("/tmp/unused")
+    joint = next(r for r in load_config(ROOT / "study" / "sweeps" / "mechanism.toml").runs("unused")
                  if r.key == "joint/seed0")
     model_ref, task_ref, train_ref = configs(joint)
     grid = load_config(ROOT / "study" / "sweeps" / "realstep.toml")
     assert max(eval_lengths_for(grid.eval_lengths, 25)) == 400
-    runs = grid.runs("/tmp/unused")
+    runs = grid.runs("unused")
     assert len(runs) >= 5
     for run in runs:
         model_cfg, task_cfg, train_cfg = configs(run)
