@@ -527,3 +527,14 @@ def test_cli_default_lookahead_is_the_quick_one_and_full_lookahead_the_study_s(m
                                        quick.n_random) == (8, 4, 4, 2)
     assert full == G.LookaheadConfig(), "--full-lookahead is the library's lookahead, the one the study reports"
     assert none is None and three.n_batches == 3 and three.scales == (1.0,)
+
+
+def test_cli_lookahead_shows_its_progress_on_stderr_also_under_json(task, tmp_path, capsys):
+    path = save_checkpoint(tmp_path / "h.pt", checkpoint_from_model(tiny_model("hybrid", task.vocab_size), task))
+    args = [str(path), "--json", "--lengths", "8", "--samples", "4", "--la-batches", "1", "--la-eval-batches", "2"]
+    assert G.main(args) == 0
+    captured = capsys.readouterr()
+    json.loads(captured.out)
+    assert "lookahead directions" in captured.err
+    assert G.main([*args, "--no-progress"]) == 0
+    assert capsys.readouterr().err == ""

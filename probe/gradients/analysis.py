@@ -153,7 +153,7 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
             moments = adam_moments(ckpt, model)
             state = step_state(ckpt)  # the run's learning rate at this step and its batch draw, as recorded
             la, checks = measure_beyond_range(model, task, moments, lookahead_cfg, seed, device,
-                                              train_lr=state.lr, draw=state.draw)
+                                              train_lr=state.lr, draw=state.draw, progress=progress)
             la = la.assign(**meta_g)
             v = verdict_beyond(la)
             controls += [first_order_check(meta["checkpoint"], checks["first_order_error"]),

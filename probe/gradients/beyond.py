@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from probe.core.progress import progress_iter
 from probe.core.rows import CONTROL, check_row, threshold_row
 from probe.gradients.controls import FIRST_ORDER_TOL
 from probe.gradients.decomposition import Cut, attention_inputs_detached, check_has_lstm, flat_grad
@@ -152,9 +153,10 @@ def _se(x: Tensor) -> float:
 def measure_steps(model: Any, model_step: Any, theta: list[torch.nn.Parameter],
                   theta_step: list[torch.nn.Parameter], groups: list[TargetGroup], directions: dict[str, Tensor],
                   randoms: list[Tensor], scales: tuple[float, ...], update_norm: float, check_length: float,
-                  ) -> tuple[pd.DataFrame, float]:
+                  progress: bool = False) -> tuple[pd.DataFrame, float]:
     """Rows per direction (att, rec, full, random), target and scale; and the first-order check's error. Gradients
-    are taken on ``model``, steps on ``model_step`` (a float64 copy, so that a small step is resolved)."""
+    are taken on ``model``, steps on ``model_step`` (a float64 copy, so that a small step is resolved). ``progress``:
+    a bar over the directions (each one float64 pass per step size over every evaluation batch)."""
     grads = []
     with torch.enable_grad():
         for grp in groups:
@@ -186,13 +188,14 @@ def measure_steps(model: Any, model_step: Any, theta: list[torch.nn.Parameter],
         return out
 
     effects: dict[tuple[str, float], list[Tensor]] = {}
-    for k, u in units.items():
+    tiny_steps: dict[str, list[Tensor]] = {}
+    for k, u in progress_iter(list(units.items()), "lookahead directions", progress):
         effects[(k, 0.0)] = [-(g @ u) for g in grads]  # (B, k) per group
         for s in scales:
             effects[(k, s)] = stepped(u, s * update_norm) if norms[k] > 0 else [torch.zeros_like(b) for b in before]
-    # the instrument check: a tiny real step must agree with the first-order prediction
+        if norms[k] > 0:  # the instrument check: a tiny real step must agree with the first-order prediction
+            tiny_steps[k] = stepped(u, check_length)
     errors = []
-    tiny_steps = {k: stepped(u, check_length) for k, u in units.items() if norms[k] > 0}
     for gi in range(len(groups)):
         tiny = {k: t[gi].mean(0) for k, t in tiny_steps.items()}
         first = {k: effects[(k, 0.0)][gi].mean(0) for k in tiny}
@@ -239,11 +242,12 @@ def measure_steps(model: Any, model_step: Any, theta: list[torch.nn.Parameter],
 def measure_beyond_range(model: HookedSequenceModel, task: TaskConfig, moments: Moments | None = None,
                          cfg: LookaheadConfig | None = None, seed: int = 0,
                          device: torch.device | str = "cpu", cut: Cut = attention_inputs_detached,
-                         train_lr: float | None = None, draw: BatchDraw = training_batch,
+                         train_lr: float | None = None, draw: BatchDraw = training_batch, progress: bool = False,
                          ) -> tuple[pd.DataFrame, dict[str, Any]]:
     """The lookahead's rows on one model (columns in the CLI's --help) and what its checks need. ``train_lr`` and
     ``draw`` are the run's, as its checkpoint records them (``probe.training.state.step_state``): the learning rate
-    at the checkpoint's step and the function that drew its training batches."""
+    at the checkpoint's step and the function that drew its training batches. ``progress``: a bar over the
+    directions stepped along (most of the time)."""
     cfg = cfg or LookaheadConfig()
     theta = check_has_lstm(model)
     if moments is not None:
@@ -262,7 +266,7 @@ def measure_beyond_range(model: HookedSequenceModel, task: TaskConfig, moments: 
     groups = model_targets(task, cfg, seed, device, draw)
     model64 = copy.deepcopy(model).double()
     df, err = measure_steps(model, model64, theta, check_has_lstm(model64), groups, directions, randoms,
-                            cfg.scales, update_norm, cfg.rel_step * theta_norm)
+                            cfg.scales, update_norm, cfg.rel_step * theta_norm, progress)
     df = df.assign(update_norm=update_norm, update_source=source, rel_update=update_norm / theta_norm,
                    preconditioned=moments is not None,
                    moments=moments.source if moments is not None else "none", n_batches=cfg.n_batches,
