@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -14,6 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from probe.errors import ProbeError
+
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: the lock file alone (_acquire_without_flock)
+    fcntl = None  # type: ignore[assignment]
 
 LOCK = ".lock"
 
@@ -113,6 +117,8 @@ def _refuse(path: Path, owner: Owner | None) -> FolderLocked:
 
 
 def _acquire(path: Path, what: str) -> tuple[int, Held]:
+    if fcntl is None:
+        return -1, _acquire_without_flock(path, what)
     for _ in range(100):  # each retry means an owner released the lock between our open and our flock
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
