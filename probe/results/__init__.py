@@ -8,6 +8,7 @@ import json
 import math
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -386,15 +387,19 @@ def _from_compact(path: Path) -> Grid:
     if (path / SWEEP).exists():
         name = json.loads((path / SWEEP).read_text()).get("config", {}).get("name", name)
     runs = pd.DataFrame(summaries)
-    windows = _tidy_windows(pd.read_csv(path / WINDOWS, dtype={"variant": str})) if (path / WINDOWS).exists() \
-        else pd.DataFrame(columns=_WINDOW_COLUMNS)
+    windows = pd.DataFrame(columns=_WINDOW_COLUMNS)
+    if (path / WINDOWS).exists():
+        windows = _tidy_windows(pd.read_csv(path / WINDOWS, dtype={"variant": str}, converters={"seq_acc": _seq_value}))
     return Grid(name, runs, _tidy_curves(curve, runs), training, {}, "compact", windows)
 
 
 def _read_curves(path: Path) -> pd.DataFrame:
     """``curves.csv`` back in long form (one row per run x length x subtask), token accuracy as the exact float the
     evaluation computed: right / asked, both integers."""
-    wide = pd.read_csv(path, dtype={"variant": str})  # pandas parses floats round-trip exactly
+    header = pd.read_csv(path, nrows=0).columns
+    # pandas parses floats round-trip exactly; a share of sequences may be written as a fraction (_seq_text)
+    wide = pd.read_csv(path, dtype={"variant": str},
+                       converters={c: _seq_value for c in header if c.endswith("_seq")})
     subtasks = [c[:-2] for c in wide.columns if c.endswith("_n")]
     frames = []
     for t in subtasks:
@@ -437,7 +442,22 @@ def merge(old: Grid, new: Grid) -> Grid:
 
 
 def _seq_text(x: float) -> str:
-    return "" if not math.isfinite(x) else repr(float(x))
+    """A share of sequences as the fraction it is (``4/15``; ``1``, ``0``), which reads back as the same float; a
+    float that is no such fraction as its repr. A third of curves.csv's size was these shares' 17 digits."""
+    if x is None or not math.isfinite(x):
+        return ""
+    f = Fraction(float(x)).limit_denominator(1 << 20)  # sequences per length are far fewer than 2^20
+    if f.numerator / f.denominator != float(x):
+        return repr(float(x))
+    return str(f.numerator) if f.denominator == 1 else f"{f.numerator}/{f.denominator}"
+
+
+def _seq_value(text: str) -> float:
+    """``_seq_text`` read back: the same float."""
+    if not text:
+        return math.nan
+    num, _, den = text.partition("/")
+    return float(num) / float(den) if den else float(num)
 
 
 def write_grid(grid: Grid, dst: str | Path) -> list[Path]:
@@ -495,7 +515,7 @@ def write_grid(grid: Grid, dst: str | Path) -> list[Path]:
         paths.append(dst / TRAINING)
     if len(grid.windows):
         w = grid.windows.drop(columns=["run", "token_acc"])
-        w["seq_acc"] = w.seq_acc.map(lambda x: "" if x is None or not math.isfinite(x) else repr(float(x)))
+        w["seq_acc"] = w.seq_acc.map(_seq_text)
         w.to_csv(dst / WINDOWS, index=False)
         paths.append(dst / WINDOWS)
     return paths
