@@ -56,7 +56,9 @@ class AttributionOptions(CheckpointOptions):
     samples: int = samples_option(32, aliases=["--batch"])
     far: int | None = option(None, "k for the near/far split (default: a third of the training length)",
                              type=positive_int)
-    ig: bool = option(False, "add integrated gradients per position (slow)")
+    ig: bool = option(False, "add integrated gradients per position: up to --ig-max-steps forward+backward passes "
+                             "per explained answer at each length, about 18x the default run's time "
+                             "(benchmarks/cli_defaults.py)")
     ig_sequences: int = option(4, "sequences explained by IG (default 4)", type=positive_int)
     ig_targets: int = option(2, "answers per sequence explained by IG (default 2)", type=positive_int)
     ig_max_steps: int = option(256, "largest number of IG steps (default 256)", type=positive_int)
