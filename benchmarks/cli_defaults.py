@@ -7,6 +7,8 @@ also on a busy machine), and the CPU time in units of one forward+backward pass 
 length 3 x L_train, one thread), a ratio that holds across machines and loads. ``default`` (the default group) is
 every command as it starts; ``options`` the opt-in flags whose cost ``--help`` quotes; ``long`` the runs that take
 many minutes (every length to 16x, a retrain). The docs quote the figures this prints, with the machine it names.
+The sweep trains in worker processes of a process server whose CPU time the parent may not collect: read its wall
+time, and its run's log line.
 """
 
 from __future__ import annotations
