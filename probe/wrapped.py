@@ -236,6 +236,16 @@ PROBE_MODEL_PARTS = frozenset({"blocks", "embed", "unembed", "ln_final", "pos_em
                                "W_in", "W_out", "b_in", "b_out", "set_fp32_recurrence", "accumulated_bias"})
 """What analyses written for probe's own blocks read; on a wrapped model each is refused in one line."""
 
+def refuse_wrapped(name: str, model_config: Any, reads: str) -> None:
+    """One line, before any work, where an analysis that reads ``reads`` of probe's own models is given a wrapped,
+    transformers or factory model (any config but probe's ``ModelConfig``)."""
+    from probe.models.config import ModelConfig
+
+    if not isinstance(model_config, ModelConfig):
+        raise ProbeError(f"{name}: this analysis does not apply to this checkpoint (it reads {reads}, which a wrapped "
+                         f"model does not expose); on a wrapped model run {WORKS_ON_WRAPPED}")
+
+
 WORKS_ON_WRAPPED = ("probe.gradients (the split and the lookahead), probe.probes (its interventions where an nn.LSTM / "
                     "nn.GRU is named) and probe.attributions (occlusion, path patching, component ablation)")
 

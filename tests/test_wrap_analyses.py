@@ -282,3 +282,19 @@ def test_probe_model_on_module_level_recurrence(task):
     assert len(same) == 2 and same.passed.all()
     _, rows = result_rows(result, 0)
     assert {r["kind"] for r in rows if r["control"] == "output_same_sum"} == {"control"}
+
+
+@pytest.mark.parametrize("command", ["shortcuts", "sharpness", "transitions"])
+def test_analyses_of_probes_own_parts_refuse_a_factory_before_any_work(command, tmp_path, monkeypatch, capsys):
+    """What reads probe's attention patterns, positional embedding or SSM transitions says so in one line, exit 2,
+    before computing anything (no output folder is written)."""
+    import importlib
+
+    (tmp_path / "my_hybrid.py").write_text(textwrap.dedent(FACTORY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    main = importlib.import_module(f"probe.{command}.cli" if command != "transitions" else "probe.transitions").main
+    assert main(["my_hybrid:factory", "--json", "--no-progress", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "does not apply to this checkpoint" in err and len(err.strip().splitlines()) == 1
+    assert not any((tmp_path / "out").glob("*"))

@@ -49,12 +49,14 @@ def run(opts: SharpnessOptions) -> Report:
     from probe.sharpness.measure import not_applicable
     from probe.sharpness.plots import plot_mass
     from probe.sharpness.report import analyze, summary_table
+    from probe.wrapped import refuse_wrapped
 
     device = resolve_device(opts.device)
     paths = resolve_checkpoints(opts.checkpoints)
     ckpts = [load_checkpoint(p) for p in paths]
     for path, ckpt in zip(paths, ckpts, strict=True):  # every file and length before any work
         task = ckpt.task_config
+        refuse_wrapped(str(path), ckpt.model_config, "probe's attention patterns")
         if opts.scale != "none" and ckpt.model_config.attn_scale == "ssmax":
             raise ProbeError(f"{path}: trained with attn_scale=ssmax; --scale {opts.scale} applies to models "
                              "trained without a logit scale")

@@ -84,6 +84,7 @@ def run(opts: ShortcutOptions) -> Report:
     from probe.memory import check_lengths
     from probe.shortcuts.plots import report_figures
     from probe.shortcuts.report import analyze, drops_table, effects_table, pooled_rows, report_rows, summary_table
+    from probe.wrapped import refuse_wrapped
 
     if opts.samples < 2:
         raise ProbeError("--samples must be at least 2 (an interval needs two)")
@@ -91,6 +92,7 @@ def run(opts: ShortcutOptions) -> Report:
     paths = resolve_checkpoints(opts.checkpoints)
     ckpts = [load_checkpoint(p) for p in paths]  # every file and length is checked before any work
     for path, ckpt in zip(paths, ckpts, strict=True):
+        refuse_wrapped(str(path), ckpt.model_config, "probe's attention patterns and positional embedding")
         check_lengths(ckpt.model_config, ckpt.task_config, _lengths_used(ckpt.task_config, opts), device,
                       name=str(path))
     kw = dict(n_sequences=opts.samples, lengths=opts.lengths, sum_ks=opts.sum_ks or DEFAULT_KS,
