@@ -489,8 +489,9 @@ class FigureOptions(Options):
     retrain: bool = option(False, argparse.SUPPRESS)  # removed: says so in one line
     quiet: bool = option(False, "no progress bar or per-figure lines on stderr")
     quick: bool = option(False, "tiny samples, fewer lengths and three snapshots of each trajectory: every figure "
-                                "drawn end to end as a check of the pipeline, numbers not for reporting; about a "
-                                "minute of one core (benchmarks/cli_defaults.py)", flag="--small", aliases=["--quick"])
+                                "drawn end to end as a check of the pipeline, numbers not for reporting; 56 s of "
+                                "CPU on one thread of a 2-core Xeon VM (benchmarks/cli_defaults.py)", flag="--small",
+                         aliases=["--quick"])
     out: str = option("figures", "output directory for the figures and their index README.md (default figures/)",
                       metavar="DIR", order=4)
 

@@ -43,9 +43,9 @@ cell: the LSTM's four tensors, the GRU's, the SSM's projections and A_log); g_re
 detached (every path through attention cut); g_att = g - g_rec. Definitions and what each control catches:
 docs/guides/gradients.md.
 
-The default run answers within ~30 s on one core (benchmarks/cli_defaults.py): the interference table, and the
-lookahead at the real update's step size alone on fewer batches and two random directions: its verdict with every
-control, at less power. --full-lookahead is the lookahead the study reports; --no-lookahead the table alone."""
+The default run (24 s of CPU on one thread of a 2-core Xeon VM: benchmarks/cli_defaults.py): the interference table,
+and the lookahead at the real update's step size alone on fewer batches and two random directions: its verdict with
+every control, at less power. --full-lookahead is the lookahead the study reports; --no-lookahead the table alone."""
 
 HELP_COLUMNS = """\
 JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "label" (the variant), "seed", "step",

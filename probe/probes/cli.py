@@ -47,8 +47,9 @@ def window_list(text: str) -> list[int | str]:
 DESCRIPTION = """\
 Linear probes that decode the running sum s_t mod m, with controls, and interventions on the recurrent state.
 
-The default run answers within ~30 s on one core (benchmarks/cli_defaults.py): every probe, intervention and control
-below at L_train and 3x, on half the study's training and patch sequences, without the windowed-sum targets. --full
+The default run (23 s of CPU on one thread of a 2-core Xeon VM: benchmarks/cli_defaults.py): every probe,
+intervention and control below at L_train and 3x, on half the study's training and patch sequences, without the
+windowed-sum targets. --full
 is the study's run: 1x..4x, twice the sequences, the windowed sums 3,10,L; about 3x the time.
 
 The recurrent state of a block is what its cell carries, as its hooks: the output lstm.hook_h, then the LSTM's
