@@ -4,7 +4,7 @@ random-subspace baseline."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -192,6 +192,20 @@ def _rows(states: States, rows: slice) -> States:
     return {i: tuple(v[rows] for v in state) for i, state in states.items()}
 
 
+def interchange_pairs(task: TaskConfig, lengths: Iterable[int], n: int, seed: int,
+                      fractions: Iterable[float] = PATCH_FRACTIONS,
+                      ) -> Iterator[tuple[int, int, int, InterchangePair, InterchangePair]]:
+    """Per length and patch position t (``fractions`` of the length): ``(length, k, count, full, same)``, the k-th of
+    ``count`` positions, a pair with another s_t and one with the same s_t, from the same seed (so the same bases)."""
+    fractions = list(fractions)
+    for length in lengths:
+        ts = sorted({min(length - 1, max(1, round(f * length))) for f in fractions}) if length > 1 else []
+        for k, t in enumerate(ts):
+            pair_seed = PATCH_SEED_BASE + seed * 1_000_000 + length * 100 + k
+            yield (length, k, len(ts), interchange_pair(task, length, t, n, pair_seed),
+                   interchange_pair(task, length, t, n, pair_seed, same_sum=True))
+
+
 Tally = dict[tuple[Any, ...], dict[str, float]]
 """Answer counts per (kind, block, length, band): what ``tally_rows`` turns into result rows."""
 
@@ -284,44 +298,39 @@ def interchange_intervention(
     tally: Tally = {}
     identity: dict[tuple[int, int], dict[str, float]] = {}
     L = task.train_length
-    for length in lengths:
-        ts = sorted({min(length - 1, max(1, round(f * length))) for f in fractions}) if length > 1 else []
-        for k, t in enumerate(ts):
-            pair_seed = PATCH_SEED_BASE + seed * 1_000_000 + length * 100 + k
-            full = interchange_pair(task, length, t, n, pair_seed)
-            same = interchange_pair(task, length, t, n, pair_seed, same_sum=True)
-            pos, b = full.position, full.base.tokens.shape[0]
-            base_tok = full.base.tokens.to(device)
-            states = lstm_states_at(model, torch.cat([base_tok, full.source.tokens.to(device),
-                                                      same.source.tokens.to(device)]), pos)
-            own, src, same_src = (_rows(states, slice(0, b)), _rows(states, slice(b, 2 * b)),
-                                   _rows(states, slice(2 * b, None)))
-            clean = model(base_tok)
-            pred0 = clean.argmax(-1)
-            later = full.later.to(device)
-            bands = answer_bands(full, L, device)
-            base_labels = full.base.labels.to(device)
-            if k == len(ts) // 2:  # identity check, once per length (at the middle patch position)
-                for i in blocks:
-                    logits = patched_logits(model, base_tok, pos, {i: own[i]})
-                    identity[(length, i)] = {"changed": float(((logits.argmax(-1) != pred0) & later).sum()),
-                                             "n": float(later.sum()),
-                                             "max_diff": float((logits - clean).abs().max())}
-            for block, patched in targets:
-                runs: list[tuple[str, States, Tensor]] = [
-                    ("full", {i: src[i] for i in patched}, full.counterfactual),
-                    ("same_sum", {i: same_src[i] for i in patched}, same.counterfactual)]
-                if basis_t:
-                    runs.append(("subspace", subspace_interchange(own, src, patched, basis_t, names),
-                                 full.counterfactual))
-                runs += [("subspace_random", subspace_interchange(own, src, patched, drawn, names), full.counterfactual)
-                         for drawn in random_t]
-                # one forward for every kind: the kinds' edited states stacked along the batch
-                logits = patched_logits(model, base_tok.repeat(len(runs), 1), pos,
-                                        _cat_states([r[1] for r in runs]))
-                for j, (kind, _, cf) in enumerate(runs):
-                    count_answers(tally, (kind, block, length), logits[j * b:(j + 1) * b].argmax(-1), pred0,
-                                  cf.to(device), base_labels, bands)
+    for length, k, count, full, same in interchange_pairs(task, lengths, n, seed, fractions):
+        pos, b = full.position, full.base.tokens.shape[0]
+        base_tok = full.base.tokens.to(device)
+        states = lstm_states_at(model, torch.cat([base_tok, full.source.tokens.to(device),
+                                                  same.source.tokens.to(device)]), pos)
+        own, src, same_src = (_rows(states, slice(0, b)), _rows(states, slice(b, 2 * b)),
+                               _rows(states, slice(2 * b, None)))
+        clean = model(base_tok)
+        pred0 = clean.argmax(-1)
+        later = full.later.to(device)
+        bands = answer_bands(full, L, device)
+        base_labels = full.base.labels.to(device)
+        if k == count // 2:  # identity check, once per length (at the middle patch position)
+            for i in blocks:
+                logits = patched_logits(model, base_tok, pos, {i: own[i]})
+                identity[(length, i)] = {"changed": float(((logits.argmax(-1) != pred0) & later).sum()),
+                                         "n": float(later.sum()),
+                                         "max_diff": float((logits - clean).abs().max())}
+        for block, patched in targets:
+            runs: list[tuple[str, States, Tensor]] = [
+                ("full", {i: src[i] for i in patched}, full.counterfactual),
+                ("same_sum", {i: same_src[i] for i in patched}, same.counterfactual)]
+            if basis_t:
+                runs.append(("subspace", subspace_interchange(own, src, patched, basis_t, names),
+                             full.counterfactual))
+            runs += [("subspace_random", subspace_interchange(own, src, patched, drawn, names), full.counterfactual)
+                     for drawn in random_t]
+            # one forward for every kind: the kinds' edited states stacked along the batch
+            logits = patched_logits(model, base_tok.repeat(len(runs), 1), pos,
+                                    _cat_states([r[1] for r in runs]))
+            for j, (kind, _, cf) in enumerate(runs):
+                count_answers(tally, (kind, block, length), logits[j * b:(j + 1) * b].argmax(-1), pred0,
+                              cf.to(device), base_labels, bands)
     results = tally_rows(tally, repeats)
     controls: list[dict[str, Any]] = [
         {"control": "identity_patch", "length": length, "block": block, "n": int(r["n"]),

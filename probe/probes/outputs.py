@@ -22,11 +22,10 @@ from torch import Tensor
 
 from probe.probes.interventions import (
     PATCH_FRACTIONS,
-    PATCH_SEED_BASE,
     Tally,
     answer_bands,
     count_answers,
-    interchange_pair,
+    interchange_pairs,
     same_sum_controls,
     tally_rows,
 )
@@ -70,28 +69,23 @@ def output_interchange(model: WrappedModel, task: TaskConfig, lengths: Iterable[
     targets = [(k, [k]) for k in range(len(modules))] + ([(-1, list(range(len(modules))))] if len(modules) > 1 else [])
     names = [h for h, _ in modules]
     tally: Tally = {}
-    for length in lengths:
-        ts = sorted({min(length - 1, max(1, round(f * length))) for f in fractions}) if length > 1 else []
-        for k, t in enumerate(ts):
-            pair_seed = PATCH_SEED_BASE + seed * 1_000_000 + length * 100 + k
-            full = interchange_pair(task, length, t, n, pair_seed)
-            same = interchange_pair(task, length, t, n, pair_seed, same_sum=True)
-            pos, b = full.position, full.base.tokens.shape[0]
-            base_tok = full.base.tokens.to(device)
-            _, cache = model.run_with_cache(
-                torch.cat([full.source.tokens.to(device), same.source.tokens.to(device)]), names_filter=names)
-            pred0 = model(base_tok).argmax(-1)
-            bands = answer_bands(full, task.train_length, device)
-            base_labels = full.base.labels.to(device)
-            for kind, rows, cf in (("output", slice(0, b), full.counterfactual),
-                                   ("output_same_sum", slice(b, 2 * b), same.counterfactual)):
-                for block, chosen in targets:
-                    hooks = []
-                    for j in chosen:
-                        hook, dim = modules[j]
-                        source = cache[hook][rows] if dim == 0 else cache[hook][:, rows]
-                        hooks.append((hook, _swap_from(pos, source, dim)))
-                    pred = model.run_with_hooks(base_tok, fwd_hooks=hooks).argmax(-1)
-                    count_answers(tally, (kind, block, length), pred, pred0, cf.to(device), base_labels, bands)
+    for length, _, _, full, same in interchange_pairs(task, lengths, n, seed, fractions):
+        pos, b = full.position, full.base.tokens.shape[0]
+        base_tok = full.base.tokens.to(device)
+        _, cache = model.run_with_cache(
+            torch.cat([full.source.tokens.to(device), same.source.tokens.to(device)]), names_filter=names)
+        pred0 = model(base_tok).argmax(-1)
+        bands = answer_bands(full, task.train_length, device)
+        base_labels = full.base.labels.to(device)
+        for kind, rows, cf in (("output", slice(0, b), full.counterfactual),
+                               ("output_same_sum", slice(b, 2 * b), same.counterfactual)):
+            for block, chosen in targets:
+                hooks = []
+                for j in chosen:
+                    hook, dim = modules[j]
+                    source = cache[hook][rows] if dim == 0 else cache[hook][:, rows]
+                    hooks.append((hook, _swap_from(pos, source, dim)))
+                pred = model.run_with_hooks(base_tok, fwd_hooks=hooks).argmax(-1)
+                count_answers(tally, (kind, block, length), pred, pred0, cf.to(device), base_labels, bands)
     whole = -1 if len(modules) > 1 else 0
     return pd.DataFrame(tally_rows(tally)), pd.DataFrame(same_sum_controls(tally, "output_same_sum", whole))
