@@ -673,3 +673,13 @@ def test_cli_lengths_within_l_train_print_a_line_instead_of_the_beyond_table(tmp
     assert main([str(ckpt), "--lengths", "8", "--samples", "4", "--n-train", "12", "--n-train-beyond", "4",
                  "--no-patching", "--no-progress"]) == 0
     assert "no length beyond L_train" in capsys.readouterr().out
+
+
+def test_summary_table_without_a_length_beyond_l_train_is_empty_not_an_error():
+    from probe.probes.analysis import summary_table
+
+    task = make_task("interleaved", train_length=8)
+    res = probe_model(tiny_model("hybrid", task.vocab_size), task, lengths=[8], n_train=12, n_train_beyond=4,
+                      n_test=4, patching=False)
+    table = summary_table(res)
+    assert table.empty and list(table.index) == res.hooks

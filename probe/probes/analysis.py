@@ -370,6 +370,8 @@ def result_rows(result: ProbeResult, seed: int) -> tuple[list[dict[str, Any]], l
 def summary_table(result: ProbeResult) -> pd.DataFrame:
     """Hook x length at beyond-range positions: ``in-trained / beyond-trained (control)`` accuracies, for printing."""
     df = result.by_length[result.by_length.test_positions == "beyond"]
+    if df.empty:  # no length beyond L_train: nothing to show here (the in-range rows are in by_length)
+        return pd.DataFrame(index=pd.Index(result.hooks, name="hook"))
     wide = df.pivot_table(index=["hook", "length"], columns="train_positions",
                           values=["probe_acc", "control_acc"]).reset_index()
     cell = wide[("probe_acc", "in")].map("{:.2f}".format) + " / " + wide[("probe_acc", "beyond")].map(
