@@ -667,11 +667,11 @@ def test_cli_json_reports_every_test_with_intervals_and_controls(transformer_ckp
     out = tmp_path / "out"
     code = __import__("probe.shortcuts.cli", fromlist=["main"]).main(
         [str(transformer_ckpt), str(lstm_ckpt), "--json", "--out", str(out), "--samples", "16", "--lengths", "8,16",
-         "--runs", "8", "--window-samples", "32", "--entropy-lengths", "4,8"])
+         "--runs", "8", "--window-samples", "32", "--entropy-lengths", "4,8", "--no-progress"])
     assert code == 0
     captured = capsys.readouterr()
-    obj = json.loads(captured.out)
-    assert "it/s" not in captured.err and "%|" not in captured.err, "--json is silent (no progress bars)"
+    obj = json.loads(captured.out)  # progress (on stderr, also under --json) never reaches the JSON on stdout
+    assert "it/s" not in captured.err and "%|" not in captured.err, "--no-progress is silent (no progress bars)"
     assert obj["command"] == "shortcuts" and obj["checkpoints"] == [str(transformer_ckpt), str(lstm_ckpt)]
     rows = pd.DataFrame(obj["results"])
     assert {"checkpoint", "test"} <= set(rows.columns)

@@ -195,7 +195,7 @@ def test_analyses_read_the_gate_lr_and_draw_from_the_record(tmp_path, monkeypatc
     class Called(Exception):
         pass
 
-    def measure(model, task, moments, cfg, seed, device, train_lr=None, draw=None):
+    def measure(model, task, moments, cfg, seed, device, train_lr=None, draw=None, progress=False):
         seen.update(gates=model.attention_gates(), lr=train_lr, draw=draw)
         raise Called  # enough: the lookahead was called with what the record says
 
