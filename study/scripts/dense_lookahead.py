@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,22 @@ def collect(objs: list[dict], out: Path) -> None:
     _round(checks).sort_values(key + ["control"], na_position="first").to_csv(out / "checks.csv", index=False)
 
 
+def snapshot_jobs(roots: list[Path], steps: list[int], snapshot: Callable[[Path, int], Path],
+                  cache: Callable[[Path, int], Path], hint: str) -> list[tuple[Path, Path]]:
+    """``(snapshot, cache)`` for every root and step, coarse to fine (every other step first), each step across all
+    roots: a run cut short still covers every root over the whole window, at half the resolution. A missing snapshot
+    is a ProbeError before any work, ending with ``hint`` (how to write it)."""
+    steps = sorted(set(steps))
+    jobs = []
+    for step in steps[::2] + steps[1::2]:
+        for root in roots:
+            snap = snapshot(root, step)
+            if not snap.is_file():
+                raise ProbeError(f"{snap}: no snapshot at step {step}; {hint}")
+            jobs.append((snap, cache(root, step)))
+    return jobs
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("folders", nargs="+", type=Path, help="trajectory folders (step_XXXXXX.pt)")
@@ -108,17 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        # coarse to fine (every other step first), each step across all runs: a run cut short still covers
-        # every run over the whole window, at half the resolution
-        steps = sorted(set(args.steps))
-        jobs = []
-        for step in steps[::2] + steps[1::2]:
-            for folder in args.folders:
-                snap = folder / f"step_{step:06d}.pt"
-                if not snap.is_file():
-                    raise ProbeError(f"{snap}: no snapshot at step {step}; write the folder with "
-                                     f"python -m probe.retrain --steps covering it")
-                jobs.append((snap, args.work / folder.name / f"step_{step:06d}.json"))
+        jobs = snapshot_jobs(args.folders, args.steps, lambda f, step: f / f"step_{step:06d}.pt",
+                             lambda f, step: args.work / f.name / f"step_{step:06d}.json",
+                             "write the folder with python -m probe.retrain --steps covering it")
         objs = [measure_builtin(args.work / "builtin.json")]
         for snap, cache in progress_iter(jobs, "snapshots", True):
             objs.append(measure(snap, cache))

@@ -51,6 +51,9 @@ from probe.gradients.decomposition import lstm_parameter_names
 from probe.gradients.realstep import RealStepConfig, controls, measure_real_step, rollout_rows, verdicts
 from probe.training.rollout import continue_run, weight_difference
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from dense_lookahead import snapshot_jobs  # noqa: E402  (beside this file)
+
 STUDY = Path(__file__).resolve().parent.parent
 STEPS = list(range(250, 1501, 50))
 ROLLOUT = 50
@@ -149,18 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     try:
-        # coarse to fine, each step across all runs: a run cut short still covers the whole window at half the
-        # resolution
-        steps = sorted(set(args.steps))
-        jobs = []
-        for step in steps[::2] + steps[1::2]:
-            for run in args.runs:
-                snap = run / "trajectory" / f"step_{step:06d}.pt"
-                if not snap.is_file():
-                    raise ProbeError(f"{snap}: no snapshot at step {step}; train the run with --set "
-                                     "train.traj_every=50 --set train.traj_optimizer=true --set "
-                                     "train.traj_dtype=float32")
-                jobs.append((snap, args.work / f"{run.parent.name}-{run.name}" / f"step_{step:06d}.json"))
+        jobs = snapshot_jobs(args.runs, args.steps, lambda run, step: run / "trajectory" / f"step_{step:06d}.pt",
+                             lambda run, step: args.work / f"{run.parent.name}-{run.name}" / f"step_{step:06d}.json",
+                             "train the run with --set train.traj_every=50 --set train.traj_optimizer=true --set "
+                             "train.traj_dtype=float32")
         objs = []
         for snap, cache in progress_iter(jobs, "snapshots", True):
             objs.append(measure(snap, cache, args.rollout))
