@@ -406,6 +406,18 @@ def test_report_and_compare_work_on_the_compact_form_alone(local_sweep, tmp_path
     assert summary == [r for r in theirs["results"] if r["row"] == "summary"]
     assert mine["controls"] == [] and "controls_not_run" in mine  # no checkpoints: said, not faked
     assert any(r["row"] == "comparison" for r in mine["results"])
+    # a pair, compared on a target: the seeds meeting it counted from runs.jsonl, Fisher's test refused at 2 vs 2
+    assert main([str(compact), "--report", "--no-figure", "--out", str(report), "--compare", "hybrid-joint:lstm",
+                 "--target", "recall_acc_1x>=0.5"]) == 0
+    rows = [r for r in json.loads((report / RESULTS).read_text())["results"] if r["row"] == "target_comparison"]
+    runs = [json.loads(line) for line in (compact / RUNS).read_text().splitlines()]
+    expect = {v: sum(r["recall_acc_1x"] >= 0.5 for r in runs if r["variant"] == v) for v in ("hybrid-joint", "lstm")}
+    assert [(r["variant"], r["baseline"], r["k"], r["k_baseline"]) for r in rows] == \
+        [("hybrid-joint", "lstm", expect["hybrid-joint"], expect["lstm"])]
+    assert not rows[0]["testable"] and "descriptive" in rows[0]["verdict"]
+    capsys.readouterr()
+    assert main([str(compact), "--report", "--no-figure", "--out", str(report), "--target", "recipe"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
 
 
 def test_collect_runs_converts_losslessly_and_merges_a_grid_run_in_parts(local_sweep, tmp_path, capsys):

@@ -28,7 +28,17 @@ from probe.core.stats import (
     welch_interval,
 )
 from probe.errors import ProbeError
-from probe.sweep.compare import compare, comparison_table, plot_seed_dots
+from probe.sweep.compare import (
+    compare,
+    compare_target,
+    comparison_table,
+    meets_target,
+    newcombe_interval,
+    parse_compare,
+    parse_target,
+    plot_seed_dots,
+    target_table,
+)
 
 accuracies = st.floats(0, 1, allow_nan=False).map(lambda x: round(x, 3))  # ties happen, as at 100 %
 
@@ -258,3 +268,83 @@ def test_seed_dot_figure_has_a_dot_per_seed():
     fig = plot_seed_dots(c, summary)
     dots = [coll.get_offsets() for coll in fig.axes[0].collections if type(coll) is PathCollection]
     assert sorted(np.concatenate(dots)[:, 1]) == [0.6, 0.7, 0.99, 1.0]  # one dot per seed, at its value
+
+
+# --- pairs and targets ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("counts", "published"), [
+    # Newcombe (1998), Statistics in Medicine 17:873-890, Table II, method 10 (score, no continuity correction)
+    ((56, 70, 48, 80), (0.0524, 0.3339)), ((9, 10, 3, 10), (0.1705, 0.8090)), ((6, 7, 2, 7), (0.0582, 0.8062)),
+    ((5, 56, 0, 29), (-0.0381, 0.1926)), ((0, 10, 0, 20), (-0.1611, 0.2775)), ((10, 10, 0, 20), (0.6791, 1.0))])
+def test_newcombe_interval_reproduces_the_published_examples(counts, published):
+    assert newcombe_interval(*counts) == pytest.approx(published, abs=1e-4)
+
+
+def runs_frame(met: dict[str, list[bool]]) -> pd.DataFrame:
+    """A runs.jsonl-like frame: a run meets the recipe's target exactly when its flag is set (fails one bound
+    at a time otherwise, so each bound is exercised)."""
+    rows = []
+    for v, flags in met.items():
+        for s, ok in enumerate(flags):
+            r = {"variant": v, "seed": s, "state_win_2x_4x": 1.0, "recall_win_2x_4x": 1.0,
+                 "state_win_8x_16x": 0.97, "recall_win_8x_16x": 0.99}
+            if not ok:
+                r[list(r)[2 + s % 4]] = 0.94  # below every bound of the recipe's target
+            rows.append(r)
+    return pd.DataFrame(rows)
+
+
+def test_target_comparison_counts_seeds_and_tests_only_what_can_reject():
+    runs = runs_frame({"a": [True] * 10, "b": [False] * 10, "c": [True] * 4 + [False] * 6,
+                       "d": [True, False, True], "e": [False, False, True]})
+    rows = compare_target(runs, [("a", "b"), ("c", "b"), ("b", "a"), ("d", "e")], parse_target("recipe"))
+    ab = rows.iloc[0]
+    assert (ab.k, ab.n_seeds, ab.k_baseline, ab.n_seeds_baseline) == (10, 10, 0, 10)
+    assert ab.p_fisher == pytest.approx(stats.fisher_exact([[10, 0], [0, 10]]).pvalue)
+    # a-b met twice is one test: the family is 3 pairs; d-e (3 vs 3 seeds) cannot reach 0.05 and is not run,
+    # so Holm adjusts over the 2 tests that were
+    assert set(rows.family) == {3} and ab.p_holm == pytest.approx(min(1, 2 * ab.p_fisher))
+    assert rows.iloc[2].p_holm == ab.p_holm and "the rates differ" in ab.verdict
+    cb = rows.iloc[1]
+    assert cb.p_fisher == pytest.approx(stats.fisher_exact([[4, 6], [0, 10]]).pvalue) and cb.p_holm > 0.05
+    assert cb.verdict.startswith("4 of 10 against 0 of 10: no difference detected, difference +40 points [")
+    de = rows.iloc[3]
+    assert not de.testable and np.isnan(de.p_fisher) and "descriptive" in de.verdict and "no test" in de.verdict
+    assert de.p_min_attainable == pytest.approx(0.1)
+    assert "| a | b | 10/10 vs 0/10 |" in target_table(rows) and " = " not in target_table(rows)
+
+
+def test_a_run_missing_a_window_is_not_counted_as_failing():
+    runs = runs_frame({"a": [True, True], "b": [True, False]})
+    runs.loc[0, "state_win_8x_16x"] = np.nan  # evaluated too short for (8x, 16x]
+    met = meets_target(runs, parse_target("recipe"))
+    assert met.isna().tolist() == [True, False, False, False] and met.tolist()[1:] == [True, True, False]
+    row = compare_target(runs, [("a", "b")], parse_target("recipe")).iloc[0]
+    assert (row.k, row.n_seeds) == (1, 1)
+
+
+def test_pairs_compare_only_the_pairs_asked_for():
+    c = curves({"joint-fp32": [0.6, 0.7], "joint-bf16": [0.5, 0.6], "dat-fp32": [1.0, 0.99], "dat-bf16": [0.97, 0.95]})
+    rows = compare(c, [], pairs=[("joint-fp32", "joint-bf16"), ("dat-fp32", "dat-bf16")])
+    assert list(zip(rows.variant, rows.baseline, strict=True)) == [("joint-fp32", "joint-bf16"),
+                                                                   ("dat-fp32", "dat-bf16")]
+    assert set(rows.family) == {2}
+
+
+@pytest.mark.parametrize(("words", "message"), [
+    (["joint", "dat:joint"], "not both"), (["dat:"], "two different variants"), (["dat:dat"], "two different"),
+    (["a:b:c"], "two different variants")])
+def test_bad_compare_words_are_one_line_errors(words, message):
+    with pytest.raises(ProbeError, match=message):
+        parse_compare(words)
+
+
+@pytest.mark.parametrize("spec", ["state_win_8x_16x", "state_win_8x_16x>=high", "", ">=0.9"])
+def test_bad_targets_are_one_line_errors(spec):
+    with pytest.raises(ProbeError, match="--target"):
+        parse_target(spec)
+
+
+def test_targets_parse_both_directions_and_unknown_metrics_are_named():
+    assert parse_target("a>=0.9, b<0.25") == {"a": (">=", 0.9), "b": ("<", 0.25)}
+    with pytest.raises(ProbeError, match="state_win_32x_64x not in the runs' summaries"):
+        meets_target(runs_frame({"a": [True]}), parse_target("state_win_32x_64x>=0.9"))

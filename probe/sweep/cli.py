@@ -32,7 +32,15 @@ from probe.sweep.aggregate import (
     save_figure,
     write_report,
 )
-from probe.sweep.compare import compare, comparison_table, plot_seed_dots
+from probe.sweep.compare import (
+    compare,
+    compare_target,
+    comparison_table,
+    parse_compare,
+    parse_target,
+    plot_seed_dots,
+    target_table,
+)
 from probe.sweep.config import DEFAULT_LENGTHS, SweepConfig, config_from_presets, eval_lengths_for, load_config
 from probe.sweep.executors import default_jobs, make_executor
 from probe.sweep.runner import SweepOutcome, kept, plan, run_sweep
@@ -112,9 +120,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --report on a compact grid (no run folders, e.g. a committed one): rewrite its own "
                         "results.json, results.md and figures instead of writing to --out")
     p.add_argument("--compare", nargs="+", metavar="VARIANT", default=[],
-                   help="with the report: every variant against these baselines on state accuracy at 3x L_train "
-                        "(difference of means with its Welch interval, exact permutation p, Holm and BH over the "
-                        "table; rows with row=comparison), and a figure of every seed's value (seeds_3x.png)")
+                   help="with the report: every variant against these baselines, or VARIANT:BASELINE pairs only "
+                        "(joint-fp32:joint-bf16), on state accuracy in --window (difference of means with its "
+                        "Welch interval, exact permutation p, Holm and BH over the table; rows with "
+                        "row=comparison), and a figure of every seed's value at 3x (seeds_3x.png)")
+    p.add_argument("--window", metavar="W", default=None,
+                   help="with --compare: the window of positions compared, e.g. '(8x, 16x]' (default (2x, 4x], "
+                        "the window that holds 3x L_train; a grid without windows compares at 3x)")
+    p.add_argument("--target", dest="target_spec", metavar="SPEC", default=None,
+                   help="with --compare: also count the seeds of each pair that meet a target and compare the "
+                        "rates (Fisher's exact test, Newcombe interval, Holm; rows with row=target_comparison): "
+                        "METRIC>=X,METRIC<X,... over runs.jsonl's columns, or recipe (both subtasks >= 99 %% in "
+                        "(2x, 4x] and >= 95 %% in (8x, 16x])")
     p.add_argument("--confirm", metavar="CLAIMS.toml",
                    help="pre-registered confirmation: train the fresh seeds of the claims file's sweep in --out "
                         "(finished runs are reused), then judge every claim on them: confirmed / not confirmed / "
@@ -214,15 +231,25 @@ def report_folder(args: argparse.Namespace) -> tuple[Path, Path]:
 
 def _report(args: argparse.Namespace, source: Path, out: Path | None = None) -> dict[str, Any]:
     out = out or source
+    if (args.window or args.target_spec) and not args.compare:
+        raise ProbeError("--window and --target go with --compare (the pairs or baselines they compare)")
     report = aggregate(source)
     text = markdown_table(report)
     if args.compare:
-        # the metric of record where the grid has it: the window of positions that holds 3x L_train
+        baselines, pairs = parse_compare(args.compare)
+        # the metric of record where the grid has it: the window of positions that holds 3x L_train, or --window
         windows = report.grid.windows if report.grid is not None else None
-        window = "(2x, 4x]" if windows is not None and (windows.window == "(2x, 4x]").any() else None
-        comparison = compare(report.curves, args.compare, windows=windows, window=window)
+        has_windows = windows is not None and not windows.empty
+        window = args.window or ("(2x, 4x]" if has_windows and (windows.window == "(2x, 4x]").any() else None)
+        comparison = compare(report.curves, baselines, windows=windows, window=window, pairs=pairs)
         report.result["results"] += tidy(comparison.to_dict("records"))
         text += "\n" + comparison_table(comparison)
+        if args.target_spec:
+            runs = report.grid.runs
+            pairs = pairs or [(v, b) for b in baselines for v in dict.fromkeys(runs.variant) if v != b]
+            by_target = compare_target(runs, pairs, parse_target(args.target_spec))
+            report.result["results"] += tidy(by_target.to_dict("records"))
+            text += "\n" + target_table(by_target)
     out.mkdir(parents=True, exist_ok=True)
     paths = write_report(report, out, figure=not args.no_figure)
     if args.compare:

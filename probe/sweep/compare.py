@@ -1,4 +1,5 @@
-"""Variant against variant over seeds: differences of means with Welch intervals, exact permutation p, Holm/BH."""
+"""Variant against variant over seeds: differences of means with Welch intervals, exact permutation p, Holm/BH;
+and seeds meeting a target, pair by pair: rates with exact intervals, Newcombe's interval, Fisher's exact p."""
 
 from __future__ import annotations
 
@@ -12,12 +13,15 @@ import pandas as pd
 from probe.core.stats import (
     benjamini_hochberg,
     can_reject,
+    clopper_pearson,
     describe_difference,
+    fisher_p,
     holm,
     permutation_p,
     permutation_p_min,
     t_interval,
     welch_interval,
+    wilson,
 )
 from probe.core.tables import pipe_table
 from probe.errors import ProbeError
@@ -25,15 +29,33 @@ from probe.errors import ProbeError
 ALPHA = 0.05
 
 
+def parse_compare(items: Sequence[str]) -> tuple[list[str], list[tuple[str, str]]]:
+    """``--compare``'s words: ``VARIANT`` is a baseline (every other variant against it), ``VARIANT:BASELINE`` one
+    pair (e.g. ``joint-fp32:joint-bf16``, precision's effect on one preset). Baselines and pairs do not mix."""
+    baselines = [w for w in items if ":" not in w]
+    pairs = []
+    for w in items:
+        if ":" in w:
+            a, _, b = w.partition(":")
+            if not a or not b or ":" in b or a == b:
+                raise ProbeError(f"--compare {w}: a pair is VARIANT:BASELINE, two different variants")
+            pairs.append((a, b))
+    if baselines and pairs:
+        raise ProbeError(f"--compare: give baselines ({', '.join(baselines)}) or VARIANT:BASELINE pairs, not both")
+    return baselines, pairs
+
+
 def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "state", factor: int = 3,
-            windows: pd.DataFrame | None = None, window: str | None = None) -> pd.DataFrame:
+            windows: pd.DataFrame | None = None, window: str | None = None,
+            pairs: Sequence[tuple[str, str]] = ()) -> pd.DataFrame:
     """One row per (variant, baseline): means over seeds of token accuracy at ``factor`` x L_train (or, given
     ``windows`` and a ``window`` name such as ``"(2x, 4x]"``, in that window of positions: the metric of record),
     their difference with its Welch 95 % interval, the exact two-sided permutation p, the smallest p the seed
-    counts allow, and Holm- and BH-adjusted p over the table. A pair met twice (``dat`` vs ``joint`` and ``joint``
-    vs ``dat``) is one test of the family, so the adjustment counts it once. A pair whose seed counts cannot reach
-    an adjusted p below 0.05 in a family of this size (``can_reject``) is not run as a test: its p columns are NaN
-    and its verdict says it is descriptive."""
+    counts allow, and Holm- and BH-adjusted p over the table. The rows are every variant against each of
+    ``baselines``, or exactly the (variant, baseline) ``pairs`` given. A pair met twice (``dat`` vs ``joint`` and
+    ``joint`` vs ``dat``) is one test of the family, so the adjustment counts it once. A pair whose seed counts
+    cannot reach an adjusted p below 0.05 in a family of this size (``can_reject``) is not run as a test: its p
+    columns are NaN and its verdict says it is descriptive."""
     if window is not None:
         if windows is None or windows.empty:
             raise ProbeError(f"comparison in window {window}: this grid has no windows (evaluated before them?)")
@@ -44,29 +66,24 @@ def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "stat
     else:
         at = curves[(curves.subtask == subtask) & (curves.length == factor * curves.train_length)]
     per_seed = {v: g.set_index("seed").token_acc.dropna() for v, g in at.groupby("variant", sort=False)}
-    unknown = [b for b in baselines if b not in per_seed]
-    if unknown:
-        raise ProbeError(f"--compare {', '.join(unknown)}: no such variant with finished runs; "
-                         f"have {', '.join(per_seed)}")
+    _known(per_seed, [*baselines, *(v for pair in pairs for v in pair)])
+    pairs = list(pairs) or [(v, b) for b in baselines for v in per_seed if v != b]
     rows: list[dict[str, Any]] = []
-    for base in baselines:
-        ref = per_seed[base]
-        for variant, values in per_seed.items():
-            if variant == base:
-                continue
-            diff = welch_interval(values.to_numpy(), ref.to_numpy())
-            mean = t_interval(values.to_numpy())
-            n_a, n_b = len(values), len(ref)
-            rows.append({"row": "comparison", "checkpoint": None, "variant": variant, "baseline": base,
-                         "subtask": subtask, "factor": None if window else factor, "window": window,
-                         "length": int(at.length.iloc[0]) if window else int(factor * at.train_length.iloc[0]),
-                         "n_seeds": n_a, "n_seeds_baseline": n_b, "mean": mean.estimate,
-                         # accuracies live in [0, 1]: cutting the interval there keeps its coverage
-                         "mean_ci_low": float(np.clip(mean.low, 0, 1)), "mean_ci_high": float(np.clip(mean.high, 0, 1)),
-                         "mean_baseline": float(ref.mean()), "difference": diff.estimate,
-                         "difference_ci_low": diff.low, "difference_ci_high": diff.high,
-                         "p_min_attainable": permutation_p_min(n_a, n_b), "pair": "|".join(sorted((variant, base))),
-                         "_a": values.to_numpy(), "_b": ref.to_numpy()})
+    for variant, base in pairs:
+        ref, values = per_seed[base], per_seed[variant]
+        diff = welch_interval(values.to_numpy(), ref.to_numpy())
+        mean = t_interval(values.to_numpy())
+        n_a, n_b = len(values), len(ref)
+        rows.append({"row": "comparison", "checkpoint": None, "variant": variant, "baseline": base,
+                     "subtask": subtask, "factor": None if window else factor, "window": window,
+                     "length": int(at.length.iloc[0]) if window else int(factor * at.train_length.iloc[0]),
+                     "n_seeds": n_a, "n_seeds_baseline": n_b, "mean": mean.estimate,
+                     # accuracies live in [0, 1]: cutting the interval there keeps its coverage
+                     "mean_ci_low": float(np.clip(mean.low, 0, 1)), "mean_ci_high": float(np.clip(mean.high, 0, 1)),
+                     "mean_baseline": float(ref.mean()), "difference": diff.estimate,
+                     "difference_ci_low": diff.low, "difference_ci_high": diff.high,
+                     "p_min_attainable": permutation_p_min(n_a, n_b), "pair": "|".join(sorted((variant, base))),
+                     "_a": values.to_numpy(), "_b": ref.to_numpy()})
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
@@ -84,6 +101,138 @@ def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "stat
     frame["family"] = family
     frame["verdict"] = [_verdict(r) for r in frame.itertuples()]
     return frame
+
+
+def _known(have: dict[str, Any] | Sequence[str], named: Sequence[str]) -> None:
+    unknown = list(dict.fromkeys(v for v in named if v not in have))
+    if unknown:
+        raise ProbeError(f"--compare {', '.join(unknown)}: no such variant with finished runs; "
+                         f"have {', '.join(have)}")
+
+
+def parse_target(spec: str) -> dict[str, tuple[str, float]]:
+    """``--target``: ``METRIC>=X`` and ``METRIC<X`` bounds joined by commas, each a column of the runs' summaries
+    (``state_win_2x_4x>=0.99,recall_win_8x_16x>=0.95``); ``recipe`` is the recipe's target (both subtasks >= 99 %
+    in (2x, 4x] and >= 95 % in (8x, 16x])."""
+    if spec.strip() == "recipe":
+        spec = RECIPE_TARGET
+    bounds: dict[str, tuple[str, float]] = {}
+    for part in filter(None, (x.strip() for x in spec.split(","))):
+        op = ">=" if ">=" in part else "<" if "<" in part else None
+        metric, _, value = part.partition(op) if op else (part, "", "")
+        try:
+            bounds[metric.strip()] = (op or "", float(value))
+        except ValueError:
+            op = None
+        if op is None or not metric.strip():
+            raise ProbeError(f"--target {part!r}: write METRIC>=X or METRIC<X (e.g. state_win_8x_16x>=0.95)")
+    if not bounds:
+        raise ProbeError("--target is empty: give METRIC>=X bounds, or recipe")
+    return bounds
+
+
+RECIPE_TARGET = "state_win_2x_4x>=0.99,recall_win_2x_4x>=0.99,state_win_8x_16x>=0.95,recall_win_8x_16x>=0.95"
+
+
+def meets_target(runs: pd.DataFrame, bounds: dict[str, tuple[str, float]]) -> pd.Series:
+    """Per run (index aligned with ``runs``): whether it meets every bound. A run missing a metric (evaluated
+    too short for that window) is NaN, not a failure."""
+    missing = [m for m in bounds if m not in runs.columns]
+    if missing:
+        raise ProbeError(f"--target: {', '.join(missing)} not in the runs' summaries; known windows: "
+                         f"{', '.join(c for c in runs.columns if '_win_' in c) or 'none'}")
+    ok, unknown = np.ones(len(runs), dtype=bool), np.zeros(len(runs), dtype=bool)
+    for metric, (op, x) in bounds.items():
+        values = runs[metric].astype(float).to_numpy()
+        unknown |= np.isnan(values)
+        ok &= values >= x if op == ">=" else values < x
+    return pd.Series(np.where(unknown, None, ok), index=runs.index, dtype=object).where(~unknown, np.nan)
+
+
+def compare_target(runs: pd.DataFrame, pairs: Sequence[tuple[str, str]], bounds: dict[str, tuple[str, float]],
+                   alpha: float = ALPHA) -> pd.DataFrame:
+    """Per (variant, baseline) pair: how many seeds of each meet the target (``meets_target``), each rate's exact
+    (Clopper-Pearson) interval, the difference of the rates with Newcombe's hybrid-score interval, and Fisher's
+    exact two-sided p, Holm-adjusted over the pairs. A pair whose seed counts cannot reach an adjusted p below
+    ``alpha`` even with every seed of one side meeting the target and none of the other (Fisher's smallest p for
+    those sizes, times the family) is not tested: descriptive, its p NaN."""
+    _known(set(runs.variant), [v for pair in pairs for v in pair])
+    met = runs.assign(_met=meets_target(runs, bounds))
+    family = len({tuple(sorted(p)) for p in pairs})
+    rows: list[dict[str, Any]] = []
+    for variant, base in pairs:
+        a, b = (met[(met.variant == v) & met._met.notna()]._met.astype(bool) for v in (variant, base))
+        k_a, n_a, k_b, n_b = int(a.sum()), len(a), int(b.sum()), len(b)
+        p_min = fisher_p(n_a, n_a, 0, n_b) if n_a and n_b else math.nan
+        testable = math.isfinite(p_min) and family * p_min < alpha
+        lo_a, hi_a = clopper_pearson(k_a, n_a)
+        lo_b, hi_b = clopper_pearson(k_b, n_b)
+        d_lo, d_hi = newcombe_interval(k_a, n_a, k_b, n_b)
+        rows.append({"row": "target_comparison", "checkpoint": None, "variant": variant, "baseline": base,
+                     "target": ",".join(f"{m}{op}{x:g}" for m, (op, x) in bounds.items()),
+                     "k": k_a, "n_seeds": n_a, "k_baseline": k_b, "n_seeds_baseline": n_b,
+                     "rate": k_a / n_a if n_a else math.nan, "rate_ci_low": lo_a, "rate_ci_high": hi_a,
+                     "rate_baseline": k_b / n_b if n_b else math.nan, "rate_baseline_ci_low": lo_b,
+                     "rate_baseline_ci_high": hi_b,
+                     "difference": (k_a / n_a - k_b / n_b) if n_a and n_b else math.nan,
+                     "difference_ci_low": d_lo, "difference_ci_high": d_hi,
+                     "p_fisher": fisher_p(k_a, n_a, k_b, n_b) if testable else math.nan,
+                     "p_min_attainable": p_min, "testable": testable, "family": family})
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    pair = ["|".join(sorted(x)) for x in zip(frame.variant, frame.baseline, strict=True)]
+    tested = frame.assign(_pair=pair)[frame.testable].drop_duplicates("_pair")  # a pair met twice is one test
+    holm_p = dict(zip(tested._pair, holm(tested.p_fisher.to_numpy()), strict=True)) if len(tested) else {}
+    frame["p_holm"] = [holm_p.get(k, math.nan) for k in pair]
+    frame["verdict"] = [_target_verdict(r, alpha) for r in frame.itertuples()]
+    return frame
+
+
+def newcombe_interval(k_a: int, n_a: int, k_b: int, n_b: int, level: float = 0.95) -> tuple[float, float]:
+    """Newcombe's hybrid-score interval (his method 10) for the difference of two rates k_a/n_a - k_b/n_b, built
+    from each rate's Wilson interval. Written out because scipy has none for a difference of proportions and
+    statsmodels (which has) is not a dependency; tests check it against Newcombe's (1998) published examples."""
+    if not (n_a and n_b):
+        return math.nan, math.nan
+    p1, p2 = k_a / n_a, k_b / n_b
+    l1, u1 = wilson(k_a, n_a, level)
+    l2, u2 = wilson(k_b, n_b, level)
+    d = p1 - p2
+    return (float(d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2)),
+            float(d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)))
+
+
+def _target_verdict(r: Any, alpha: float) -> str:
+    counts = f"{r.k} of {r.n_seeds} against {r.k_baseline} of {r.n_seeds_baseline}"
+    interval = f"difference {100 * r.difference:+.0f} points [{100 * r.difference_ci_low:+.0f}, " \
+               f"{100 * r.difference_ci_high:+.0f}]"
+    if not r.testable:
+        return (f"{counts}, {interval}; descriptive: Fisher's smallest p for these seeds "
+                f"({_p(r.p_min_attainable)}) x {r.family} tests is not below {alpha}, so no test was run")
+    if r.p_holm < alpha:
+        return f"{counts}: the rates differ, {interval}, Fisher p {_p(r.p_fisher)}, Holm {_p(r.p_holm)}"
+    return f"{counts}: no difference detected, {interval}, Fisher p {_p(r.p_fisher)}, Holm {_p(r.p_holm)}"
+
+
+def target_table(rows: pd.DataFrame) -> str:
+    """Markdown: each pair's seeds meeting the target, the rates' difference with its interval, Fisher and Holm."""
+    if rows.empty:
+        return ""
+    head = ["variant", "baseline", "meets target", "rate [95 % CI]", "baseline rate [95 % CI]",
+            "difference [95 % CI]", "Fisher p", "min. p", "Holm p", "verdict"]
+    cells = [[r.variant, r.baseline, f"{r.k}/{r.n_seeds} vs {r.k_baseline}/{r.n_seeds_baseline}",
+              f"{100 * r.rate:.0f} [{100 * r.rate_ci_low:.0f}, {100 * r.rate_ci_high:.0f}]",
+              f"{100 * r.rate_baseline:.0f} [{100 * r.rate_baseline_ci_low:.0f}, {100 * r.rate_baseline_ci_high:.0f}]",
+              f"{100 * r.difference:+.0f} [{100 * r.difference_ci_low:+.0f}, {100 * r.difference_ci_high:+.0f}]",
+              _p(r.p_fisher), _p(r.p_min_attainable), _p(r.p_holm), r.verdict] for r in rows.itertuples()]
+    r0 = rows.iloc[0]
+    return "\n".join([f"Seeds meeting the target `{r0.target}` (a run meets it when every bound holds), per pair: "
+                      "each rate with its exact (Clopper-Pearson) 95 % interval, the difference of rates with "
+                      "Newcombe's hybrid-score 95 % interval, Fisher's exact two-sided p, and Holm over the "
+                      f"{int(r0.family)} pairs (a pair whose seeds cannot reach adjusted p < {ALPHA} is "
+                      "descriptive; min. p: Fisher's smallest p for those seed counts).", "",
+                      pipe_table(head, cells)]) + "\n"
 
 
 def _verdict(r: Any) -> str:
