@@ -15,7 +15,7 @@ from probe.checkpoint import checkpoint_from_model, load_checkpoint, save_checkp
 from probe.evaluate import accuracy_at_length
 from probe.evaluate import main as evaluate_main
 from probe.gradients.controls import ROUTE_TOL, SPLIT_TOL
-from probe.models import ModelConfig
+from probe.models import SSM_RANGES, ModelConfig
 from probe.tasks import make_task
 from probe.training.batches import train_batch_seed
 from probe.training.cli import main as train_main
@@ -30,8 +30,7 @@ from conftest import tiny_model
 
 CELLS = {"lstm": {}, **{name: dict(fields) for name, fields in CELL_MODELS.items()}}
 """Every cell the slot takes, with the model-config fields that choose it."""
-CARRIED = {"lstm": ["h", "c"], "gru": ["h"], "ssm-positive": ["h", "state"], "ssm-negative": ["h", "state"],
-           "ssm-complex": ["h", "state"]}
+CARRIED = {"lstm": ["h", "c"], "gru": ["h"], **{f"ssm-{r}": ["h", "state"] for r in SSM_RANGES}}
 """The recurrent state each cell carries, as its hook names (study/docs/recurrent.md, "Analyses and schedules on
 every cell")."""
 TASK = make_task("interleaved", train_length=6)

@@ -13,7 +13,7 @@ from probe.errors import ProbeError
 FAMILIES = ("lstm", "transformer", "hybrid")
 POS_ENCODINGS = ("none", "learned", "sinusoidal", "rope")
 CELLS = ("lstm", "gru", "ssm")
-SSM_RANGES = ("positive", "negative", "complex")
+SSM_RANGES = ("positive", "negative", "complex", "positive-closed", "negative-closed", "complex-closed")
 ATTN_SCALES = ("none", "log-length", "ssmax")
 
 
@@ -26,9 +26,11 @@ class ModelConfig:
 
     ``rnn`` is the recurrent sublayer's cell in the ``lstm`` and ``hybrid`` families: ``lstm`` (the default, so a
     config saved before the field existed loads as the model it was), ``gru`` or ``ssm``. The
-    SSM's ``ssm_range`` says where its transitions lie (``positive`` (0, 1), ``negative`` (-1, 1), ``complex``), and
-    ``ssm_state`` is the number of real numbers in its state per layer (default d_model; complex keeps
-    ``ssm_state / 2`` complex channels, so it must be even). The two are ignored by the other cells.
+    SSM's ``ssm_range`` says where its transitions lie (``positive`` (0, 1), ``negative`` (-1, 1), ``complex``; the
+    same with the boundary reached exactly: ``positive-closed`` (0, 1], ``negative-closed`` [-1, 1],
+    ``complex-closed``; ``probe.models.ssm.RANGES``), and ``ssm_state`` is the number of real numbers in its state per
+    layer (default d_model; the complex ranges keep ``ssm_state / 2`` complex channels, so it must be even). The two
+    are ignored by the other cells.
 
     ``attn_scale`` multiplies every attention logit at a query that sees n keys: ``none`` (the default, so a config
     saved before the field existed loads as the model it was), ``log-length`` (by max(1, log n / log n_train), no
@@ -62,9 +64,9 @@ class ModelConfig:
         if self.rnn == "ssm":
             if self.ssm_state is None:
                 object.__setattr__(self, "ssm_state", self.d_model)  # frozen: resolving a default
-            if self.ssm_state < 1 or (self.ssm_range == "complex" and self.ssm_state % 2):
-                raise ProbeError(f"ssm_state={self.ssm_state} must be positive, and even for ssm_range=complex "
-                                 "(it counts real numbers: real and imaginary parts)")
+            if self.ssm_state < 1 or (self.ssm_range.startswith("complex") and self.ssm_state % 2):
+                raise ProbeError(f"ssm_state={self.ssm_state} must be positive, and even for "
+                                 f"ssm_range={self.ssm_range} (it counts real numbers: real and imaginary parts)")
         if self.attn_scale not in ATTN_SCALES:
             raise ProbeError(f"unknown attn_scale {self.attn_scale!r}; choose one of {', '.join(ATTN_SCALES)}")
         if self.pos_encoding not in POS_ENCODINGS:

@@ -1,4 +1,5 @@
-"""A selective diagonal linear recurrence (a Mamba-style SSM cell) whose transitions are positive, signed or complex."""
+"""A selective diagonal linear recurrence (a Mamba-style SSM cell) whose transitions are positive, signed or complex,
+with the boundary (|a| = 1, a = -1) open or closed."""
 
 from __future__ import annotations
 
@@ -16,8 +17,15 @@ from transformer_lens.hook_points import HookPoint
 from probe.errors import ProbeError
 from probe.models.recurrent import HookedRecurrent, InnerHookPoint, Put
 
-RANGES = ("positive", "negative", "complex")
-"""Where the transition a_t lies: (0, 1), (-1, 1), or a complex number of modulus < 1."""
+RANGES = ("positive", "negative", "complex", "positive-closed", "negative-closed", "complex-closed")
+"""Where the transition a_t lies: (0, 1), (-1, 1), or a complex number of modulus < 1 (the open ranges: the boundary is
+only approached); and the same three with the boundary reached exactly at finite pre-activations: (0, 1], [-1, 1],
+modulus in (0, 1] (``HookedSSM`` has the parametrisation). Magnitudes are at least e^-8 in all six."""
+
+CLOSED_MARGIN = 0.05
+"""δ of the ``-closed`` ranges: their transition is the open one's times (1 + δ), capped at modulus 1, so the cap
+is reached where the open range's transition is still 1 / (1 + δ) ~ 0.95 -- a finite step size, not an infinite
+one (``HookedSSM``)."""
 
 MIN_LOG_MAGNITUDE = -8.0
 """log|a_t| is at least this (|a_t| >= 3.4e-4, a reset to well below float32's resolution of the state within a few
@@ -68,6 +76,11 @@ def chunked_scan(log_mag: Float[Tensor, "batch pos k"], u: Tensor, s0: Tensor, f
         s = torch.addcmul(local_last[:, j], p_last[:, j], s)
     states = torch.addcmul(local, p, torch.stack(starts, dim=1)[:, :, None])
     return states.reshape(b, n * chunk, k)[:, :t_len], s
+
+
+def _inverse_softplus(y: Tensor) -> Tensor:
+    """The x with softplus(x) = y (y > 0)."""
+    return y + torch.log(-torch.expm1(-y))
 
 
 def _parts(a: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
@@ -133,6 +146,12 @@ class HookedSSM(HookedRecurrent):
         a_t = r_t (positive) | 2 r_t - 1 (negative; |a_t| < e^-8 set to e^-8) | r_t exp(i θ_t) (complex)
         b_t = sigmoid(·),   s_t = a_t s_{t-1} + b_t v_t,   h_t = W_out s_t + b_out.
 
+    and the closed ranges, with δ = ``CLOSED_MARGIN`` (0.05):
+
+        r_t = exp(clamp(ln(1 + δ) - Δ_t exp(A_log), -8, 0)) = min(1, (1 + δ) exp(-Δ_t A))   (0 < r_t <= 1)
+        a_t = r_t (positive-closed) | r_t exp(i θ_t) (complex-closed)
+            | clamp((1 + δ)(2 ρ_t - 1), -1, 1) with ρ_t the open range's r_t (negative-closed; |a_t| < e^-8 as above)
+
     What comes from where: the selective step size Δ_t, the transition exp(Δ_t A) with A = -exp(A_log), and the
     initialisation of Δ's bias (inverse softplus of log-uniform values in [1e-3, 1e-1]) are Mamba's (Gu & Dao 2023,
     "Mamba: Linear-Time Sequence Modeling with Selective State Spaces"), one state per channel instead of a (channel,
@@ -144,11 +163,32 @@ class HookedSSM(HookedRecurrent):
     Sarrof et al. (2024, "The Expressive Capacity of State Space Models: A Formal Language Perspective"), whose
     results say that a non-negative diagonal transition cannot represent parity at arbitrary lengths.
 
+    **Closed ranges.** In the open ranges those constructions are only approached: a_t = -1 needs an infinite step
+    size (the clamp at e^-8 stops a flip at 2 e^-8 - 1 = -0.99933, so a sign kept through n flips fades as
+    0.99933^n), and |a_t| = 1 needs Δ_t exp(A_log) below float32's 2^-25, a step-size pre-activation near -17
+    where softplus's gradient is e^-17: representable, but not where training goes. ``positive-closed``,
+    ``negative-closed`` and ``complex-closed`` reach the boundary exactly at finite pre-activations. They keep the
+    open ranges' Mamba parametrisation (the same Δ_t, A, θ_t and in_proj rows) and scale the transition by
+    (1 + δ) before capping it, so a closed run differs from an open one in the boundary alone: |a_t| = 1 exactly
+    once Δ_t exp(A_log) <= ln(1 + δ) (a pre-activation of ln(expm1(ln(1.05) / A)), -3.0 for A = 1, -5.8 for
+    A = 16), and for ``negative-closed`` a_t = -1 exactly once ρ_t <= δ / (2 (1 + δ)), i.e. Δ_t exp(A_log) >= 3.74.
+    (A (1 + δ) sigmoid(z) magnitude, the other obvious choice, has the same slope near the cap but drops A and the
+    step size, the parts that the open ranges share with Mamba.) The cap is a hard clamp: a position whose
+    transition is saturated passes no gradient to its step size (or A_log) -- a channel leaves the boundary only
+    through its other positions, which share its in_proj row. That is the price of an exact 1 or -1; δ sets how
+    close to the boundary a transition must come before it snaps on. **Initialisation**: Δ's bias is set so that
+    at x_t = 0 every closed range starts at exactly the transitions the open range would (the same draw of dt):
+    softplus(bias) = dt + ln(1 + δ) / A for positive- and complex-closed, and for negative-closed the Δ whose
+    clamp((1 + δ)(2 ρ - 1)) is 2 exp(-dt A) - 1. Away from x_t = 0 a closed channel near 1 is more sensitive to its
+    input (|d ln r / d pre-activation| is about dt A + ln(1 + δ) instead of dt A), so its slowest channels start at
+    the cap on part of the tokens.
+
     **Sizes.** ``state`` real numbers in all: k = ``state`` channels for positive / negative, k = ``state / 2``
     complex channels for complex, stored as (real, imaginary) pairs: ``hook_state``'s element 2j is Re s_j and 2j + 1
     is Im s_j. So every range keeps the same memory and ``hook_state`` the same shape.
 
-    **Hooks**: ``hook_a`` (a_t, or its modulus r_t for complex), ``hook_theta`` (θ_t, complex only), ``hook_b``,
+    **Hooks** (the same in the closed range as in the open one): ``hook_a`` (a_t, or its modulus r_t for the
+    complex ranges), ``hook_theta`` (θ_t, complex ranges only), ``hook_b``,
     ``hook_state`` (s_t), ``hook_h`` (the output). The recurrence carries s only: editing ``hook_state`` at t moves
     h_t and everything after; editing a gate at t moves s_t on; editing ``hook_h`` at t changes the output at t
     alone (h is not fed back). ``override_state(t, h, state)`` sets both.
@@ -166,10 +206,12 @@ class HookedSSM(HookedRecurrent):
         state = d_model if state is None else state
         if kind not in RANGES:
             raise ProbeError(f"unknown ssm_range {kind!r}; choose one of {', '.join(RANGES)}")
-        if state < 1 or (kind == "complex" and state % 2):
-            raise ProbeError(f"ssm_state={state}: it must be positive, and even for complex (real, imaginary pairs)")
         self.kind = kind
-        self.complex = kind == "complex"
+        self.closed = kind.endswith("-closed")
+        self.base = kind.removesuffix("-closed")  # the open range of the same shape: positive, negative or complex
+        self.complex = self.base == "complex"
+        if state < 1 or (self.complex and state % 2):
+            raise ProbeError(f"ssm_state={state}: it must be positive, and even for {kind} (real, imaginary pairs)")
         self.n_state = state
         self.k = state // 2 if self.complex else state
         self.GATES = ("a", "theta", "b") if self.complex else ("a", "b")  # per instance: only complex has a phase
@@ -181,7 +223,7 @@ class HookedSSM(HookedRecurrent):
         self.out_proj = nn.Linear(state, d_model)
         with torch.no_grad():
             dt = torch.exp(torch.empty(k).uniform_(math.log(1e-3), math.log(1e-1)))
-            self.in_proj.bias[:k] = dt + torch.log(-torch.expm1(-dt))  # softplus(bias) = dt
+            self.in_proj.bias[:k] = _inverse_softplus(self._closed_step(dt.double()) if self.closed else dt)
             if self.complex:
                 self.in_proj.bias[k : 2 * k] = 0.0
         self.hook_a = InnerHookPoint()  # [batch, pos, k]
@@ -190,6 +232,16 @@ class HookedSSM(HookedRecurrent):
         self.hook_b = InnerHookPoint()  # [batch, pos, k]
         self.hook_state = InnerHookPoint()  # [batch, pos, state]
         self.hook_h = HookPoint()  # [batch, pos, d_model]
+
+    def _closed_step(self, dt: Tensor) -> Tensor:
+        """The step size at which this closed range's transition equals the open range's exp(-dt A) (positive,
+        complex) or 2 exp(-dt A) - 1 (negative) -- the initialisation the class docstring states."""
+        a_mag = self.A_log.detach().double().exp()
+        if self.base != "negative":
+            return dt + math.log1p(CLOSED_MARGIN) / a_mag
+        target = 2 * torch.exp(-dt * a_mag) - 1  # the open negative range's a; |target| < 1, so rho is in (0, 1)
+        rho = (target / (1 + CLOSED_MARGIN) + 1) / 2
+        return -torch.log(rho) / a_mag
 
     def extra_repr(self) -> str:
         return f"kind={self.kind}, state={self.n_state}"
@@ -202,15 +254,21 @@ class HookedSSM(HookedRecurrent):
         # selective: the gates depend on x_t only, never on the previous output
         # split, not slices: the backward of one split is one cat, that of each slice a zero-filled copy of xi
         parts = xi.split(self.sizes, dim=-1)
-        log_r = (-F.softplus(parts[0]) * self.A_log.exp()).clamp(min=MIN_LOG_MAGNITUDE)
+        log_r = -F.softplus(parts[0]) * self.A_log.exp()
+        if self.closed and self.base != "negative":  # capped at 0: r = 1 exactly, and no gradient, once saturated
+            log_r = (log_r + math.log1p(CLOSED_MARGIN)).clamp(MIN_LOG_MAGNITUDE, 0.0)
+        else:
+            log_r = log_r.clamp(min=MIN_LOG_MAGNITUDE)
         r = log_r.exp()
         b = torch.sigmoid(parts[-2])
         if self.complex:
             return r, parts[1], b
-        if self.kind == "negative":
+        if self.base == "negative":
             # |a| below e^-8 is set to e^-8 (a sign there is immaterial, and one masked fill is far cheaper than a
             # sign-preserving bound)
             a = 2 * r - 1
+            if self.closed:  # a = -1 and a = 1 exactly, and no gradient, once saturated
+                a = ((1 + CLOSED_MARGIN) * a).clamp(-1.0, 1.0)
             eps = math.exp(MIN_LOG_MAGNITUDE)
             return a.masked_fill(a.abs() < eps, eps), b
         return r, b

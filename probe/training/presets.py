@@ -38,6 +38,11 @@ CELL_MODELS: dict[str, dict[str, Any]] = {
     "ssm-positive": dict(rnn="ssm", ssm_range="positive"),
     "ssm-negative": dict(rnn="ssm", ssm_range="negative"),
     "ssm-complex": dict(rnn="ssm", ssm_range="complex"),
+    # the same three with the boundary reached exactly (|a| = 1, a = -1; probe.models.ssm.HookedSSM), so that theory's
+    # parity and Z_10 constructions are representable at finite weights: study/sweeps/ssm_boundary.toml
+    "ssm-positive-closed": dict(rnn="ssm", ssm_range="positive-closed"),
+    "ssm-negative-closed": dict(rnn="ssm", ssm_range="negative-closed"),
+    "ssm-complex-closed": dict(rnn="ssm", ssm_range="complex-closed"),
 }
 
 
