@@ -9,16 +9,17 @@ a_t = exp(2 pi i k d / m) for number d (with modulus exactly 1, and the identity
 whose transitions have this form with k of order o = m / gcd(k, m) tracks the sum modulo o (k = 5 of m = 10: the
 parity; k = 2: Z_5; k = 1, 3, 7, 9: Z_10). ``positive`` transitions have phase 0 (they can only fade), ``negative``
 ones phase 0 or pi (order 2 at best: the theory's Z_2), ``complex`` ones any phase (Merrill et al. 2024; Grazzi et
-al. 2025).
+al. 2025); each ``-closed`` range has its open range's phases, with modulus 1 (and a = -1) reachable exactly.
 
 Per block, channel and stream token, from ``hook_a`` (and ``hook_theta``) on real sequences, this measures the mean
 modulus and the (circular) mean phase of the transition, then per channel the k that fits the number tokens' phases
 best and two horizons: how many steps the accumulated phase error (its bias and its random walk, over the stream's
 tokens; queries against 0) takes to move the state by half a sector (``drift_steps``), and how many the modulus takes
-to halve it (``fade_steps``); ``channel_table`` has the formulas. A channel *counts mod o beyond the training range*
-when its order o > 1 and its drift horizon reaches 4 x L_train. In block 0 the input is the token's embedding
-alone, so a transition is a function of the token (spread 0); in later blocks it depends on context, and the spread
-says how much (it adds to the random walk).
+to halve it (``fade_steps``); ``channel_table`` has the formulas. Beside them, ``fade_400`` is measured directly:
+how much of each channel's state survives a 400-token stream (``measure_fade``). A channel *counts mod o beyond the
+training range* when its order o > 1 and its drift horizon reaches 4 x L_train. In block 0 the input is the token's
+embedding alone, so a transition is a function of the token (spread 0); in later blocks it depends on context, and
+the spread says how much (it adds to the random walk).
 
 Cells other than the SSM have no per-token transition (their step depends on the state): ``analyze`` says so in a
 note and returns no rows; the command refuses such a checkpoint in one line (exit code 2), before any work.
@@ -47,8 +48,9 @@ if TYPE_CHECKING:
     from probe.models import HookedSequenceModel
     from probe.tasks import TaskConfig
 
-__all__ = ["TransitionResult", "analyze", "channel_table", "known_rotation_check", "main", "measure_transitions",
-           "not_applicable", "plot_channels", "reinit_control", "reinitialised", "shuffled_digits_control", "summarize"]
+__all__ = ["TransitionResult", "analyze", "channel_table", "known_rotation_check", "main", "measure_fade",
+           "measure_transitions", "not_applicable", "plot_channels", "reinit_control", "reinitialised",
+           "shuffled_digits_control", "summarize"]
 
 HORIZON = 4
 """A channel counts "beyond the training range" when its drift horizon reaches HORIZON x L_train (its fade is
@@ -58,6 +60,9 @@ CAP = 1e6
 is a comparison (inf >= 2 inf would pass any control)."""
 Z = 2.0
 """The drift horizon is where the accumulated phase error's mean plus Z standard deviations reaches half a sector."""
+FADE_STEPS = 400
+"""The stream length over which ``fade_400`` multiplies a channel's moduli: 16 x the default L_train of 25, the
+longest length the grids evaluate."""
 
 
 def not_applicable(model: HookedSequenceModel) -> str | None:
@@ -113,6 +118,36 @@ def measure_transitions(model: HookedSequenceModel, task: TaskConfig, length: in
                              "modulus": float(mod[:, c].mean()), "modulus_sd": float(mod[:, c].std(unbiased=False)),
                              "phase": float(mean_phase[c]), "phase_spread": float(spread[c]),
                              "b": float(b[at][:, c].mean()), "n": int(at.sum())})
+    return pd.DataFrame(rows)
+
+
+@torch.no_grad()
+def measure_fade(model: HookedSequenceModel, task: TaskConfig, n_samples: int = 64, seed: int = 0,
+                 steps: int = FADE_STEPS) -> pd.DataFrame:
+    """One row per (block, channel): ``fade_400``, how much of the channel's state survives a stream of ``steps``
+    tokens -- the product of |a_t| over the stream positions of a sampled sequence of that length (the factor that
+    multiplies whatever the state held before the stream, whatever is written meanwhile), the median over
+    ``n_samples`` sequences. Unlike ``fade_steps`` (from each token's mean modulus) it is measured on whole sequences,
+    so context and the order of tokens count. |a_t| is ``hook_a`` as the module computes it (a_t for the real ranges,
+    the modulus r_t for the complex ones, so not |r e^{iθ}| rounded again), multiplied in float64: exactly 1.0 for a
+    channel whose every modulus is 1, 0.0 where the product underflows (a channel that forgets). NaN where the model's
+    learned position table is too short for the dictionary prefix and ``steps`` tokens."""
+    reason = not_applicable(model)
+    if reason:
+        raise ProbeError(reason)
+    layers = model.lstm_layers
+    cfg = model.cfg
+    if cfg.pos_encoding == "learned" and task.prefix_len + steps > cfg.max_len:
+        return pd.DataFrame([{"block": i, "channel": c, "fade_400": math.nan}
+                             for i, layer in enumerate(layers) for c in range(layer.k)])
+    tokens = task.sample(steps, n_samples, seed).tokens.to(next(model.parameters()).device)
+    names = [f"blocks.{i}.lstm.hook_a" for i in range(len(layers))]
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    rows = []
+    for i, name in enumerate(names):
+        survived = cache[name][:, task.prefix_len:].double().abs().prod(dim=1)  # (sequences, channels)
+        median = torch.quantile(survived, 0.5, dim=0).cpu()
+        rows += [{"block": i, "channel": c, "fade_400": float(f)} for c, f in enumerate(median.tolist())]
     return pd.DataFrame(rows)
 
 
@@ -186,15 +221,17 @@ def summarize(channels: pd.DataFrame, m: int, train_length: int) -> pd.DataFrame
 # --- controls -------------------------------------------------------------------------------------------------------
 def known_rotation_check(model: HookedSequenceModel, task: TaskConfig, length: int, seed: int = 0) -> dict[str, Any]:
     """Instrument check: a copy of ``model`` whose block-0 SSM channel 0 is set by hand to a known transition, the
-    best its range allows: ``complex``, the exact rotation exp(2 pi i d / m) on number d (expect k = 1, order m);
-    ``negative``, a flip on odd numbers (expect k = m / 2, order 2); ``positive``, the identity (expect order 1);
-    and on every other token the identity. The method must find that k and a horizon beyond 16 x L_train.
+    best its range allows (a ``-closed`` range as its open one, where the best is exact): ``complex``, the rotation
+    exp(2 pi i d / m) on number d (expect k = 1, order m); ``negative``, a flip on odd numbers (expect k = m / 2,
+    order 2); ``positive``, the identity (expect order 1); and on every other token the identity. The method must
+    find that k and a horizon beyond 16 x L_train.
     Catches: gates read from the wrong hook or position (an off-by-one against the tokens), a mis-wrapped phase,
     a wrong k search, a modulus read wrongly."""
     import copy
 
     model = copy.deepcopy(model)
-    kind = model.lstm_layers[0].kind
+    layer = model.lstm_layers[0]
+    kind = layer.base  # a closed range has its open range's phases
     expect = {"complex": 1, "negative": task.m // 2 if task.m % 2 == 0 else 0, "positive": 0}[kind]
     _set_known(model, task, channel=0)
     tr = measure_transitions(model, task, length, n_samples=8, seed=seed)
@@ -203,7 +240,7 @@ def known_rotation_check(model: HookedSequenceModel, task: TaskConfig, length: i
     horizon = row.fade_steps if kind == "positive" else row.horizon
     ok = row.k == expect and horizon >= 16 * task.train_length and (kind == "positive" or row.fade_steps >= horizon
                                                                      or row.fade_steps >= 16 * task.train_length)
-    return check_row("known_rotation", INSTRUMENT, bool(ok), range=kind, k=int(row.k), expected_k=expect,
+    return check_row("known_rotation", INSTRUMENT, bool(ok), range=layer.kind, k=int(row.k), expected_k=expect,
                      order=int(row.order), phase_error=float(row.phase_error), horizon=float(horizon))
 
 
@@ -226,7 +263,7 @@ def _set_known(model: HookedSequenceModel, task: TaskConfig, channel: int, k: in
 
     # the step-size row: softplus(-30) ~ 1e-13, modulus 1 to float precision; +30: the largest step (|a| = e^-8)
     keep = torch.full((x.shape[0],), -30.0, device=x.device)
-    if layer.kind == "negative" and task.m % 2 == 0:
+    if layer.base == "negative" and task.m % 2 == 0:
         keep = torch.where(numbers & (digits % 2 == 1), 30.0, -30.0)  # a = 2 e^-8 - 1 on odd numbers: a flip
     solve(channel, keep)
     if layer.complex:
@@ -332,7 +369,8 @@ def analyze(path: str | Path, length: int | None = None, n_samples: int = 64, se
     if out.note:
         return out
     out.transitions = measure_transitions(model, task, length, n_samples, seed)
-    out.channels = channel_table(out.transitions, task.m, task.train_length)
+    out.channels = channel_table(out.transitions, task.m, task.train_length).merge(
+        measure_fade(model, task, n_samples, seed), on=["block", "channel"], how="left")
     out.summary = summarize(out.channels, task.m, task.train_length)
     if controls:
         out.controls = [known_rotation_check(model, task, length, seed),
@@ -367,7 +405,8 @@ def plot_channels(results: list[TransitionResult]) -> Figure:
 _HELP_JSON = """JSON (--json): results rows with checkpoint, label, seed, length (of the sequences measured) and metric:
   channel: block, channel, k, order (m / gcd(k, m); 1 = no counting), phase_error (rad), min_modulus, drift_steps,
     fade_steps, horizon (= drift_steps; both capped at 1e6), counts_beyond (order > 1 and drift_steps >= 4 L_train;
-    the fade is reported apart), b (mean input gate);
+    the fade is reported apart), b (mean input gate), fade_400 (the product of |a_t| over a 400-token stream, median
+    over the sequences: the share of the state that survives 16 x L_train at L_train 25; 1.0 exactly at |a| = 1);
   summary: block, order, channels (counting beyond 4 L_train), of, best_horizon, best_fade (that channel's), beyond;
   transition (--tokens): block, channel, token, kind (number|other), modulus, modulus_sd, phase, phase_spread, b, n.
 controls rows: known_rotation (instrument: a hand-set transition, the best the range allows, must come back as its

@@ -16,6 +16,7 @@ from probe.transitions import (
     channel_table,
     known_rotation_check,
     main,
+    measure_fade,
     measure_transitions,
     not_applicable,
     reinit_control,
@@ -200,3 +201,69 @@ def test_the_count_reads_the_transition_the_module_applies(monkeypatch):
     monkeypatch.setattr(HookedSSM, "transition", lambda self, gates: real(self, gates).conj())
     ch = channel_table(measure_transitions(model, TASK, 12, n_samples=8), TASK.m, TASK.train_length)
     assert ch[(ch.block == 0) & (ch.channel == 0)].iloc[0].k == 9
+
+
+# --- the closed ranges and the fade over 400 steps ------------------------------------------------------------------
+@pytest.mark.parametrize("kind, k, order", [("complex-closed", 1, 10), ("negative-closed", 5, 2),
+                                            ("positive-closed", 0, 1)])
+def test_a_closed_ranges_hand_set_transition_comes_back_as_its_group_element_without_fading(kind, k, order):
+    """The instrument check's construction on a closed range gives the exact group element (a = -1 on odd numbers
+    for negative-closed, modulus exactly 1 everywhere): the same k and order as the open range's, and no fade at all
+    over 400 steps (``fade_400`` exactly 1)."""
+    model = ssm(kind)
+    _set_known(model, TASK, channel=0)
+    ch = channel_table(measure_transitions(model, TASK, 12, n_samples=8), TASK.m, TASK.train_length)
+    row = ch[(ch.block == 0) & (ch.channel == 0)].iloc[0]
+    assert row.k == k and row.order == order and row.phase_error < 1e-3
+    assert known_rotation_check(ssm(kind), TASK, 12)["passed"]
+    fade = measure_fade(model, TASK, n_samples=4)
+    assert fade[(fade.block == 0) & (fade.channel == 0)].fade_400.item() == 1.0
+
+
+def _stepped(model, channels_pre: dict[int, torch.Tensor]) -> None:
+    """Set block 0's step-size rows so that channel c's pre-activation is ``channels_pre[c]`` on each token (A = 1):
+    least squares on the tokens' inputs to block 0's SSM (LayerNorm of the embedding), exact up to rounding."""
+    layer = model.lstm_layers[0]
+    with torch.no_grad():
+        x = model.blocks[0].ln_lstm(model.embed.weight[None])[0]
+        design = torch.cat([x, torch.ones(x.shape[0], 1, dtype=x.dtype)], dim=1)
+        for c, pre in channels_pre.items():
+            sol = torch.linalg.lstsq(design, pre.to(x.dtype)[:, None]).solution[:, 0]
+            layer.A_log[c] = 0.0
+            layer.in_proj.weight[c], layer.in_proj.bias[c] = sol[:-1], sol[-1]
+
+
+def test_fade_400_is_the_median_product_of_the_moduli_over_the_400_stream_steps():
+    """In float64, three channels of block 0: |a| = 1 on every token (fade exactly 1.0); |a| = 0.99 on every token
+    (0.99^400, to 1e-6 relative); |a| = 0.99 on number tokens only (0.99^n, n the numbers among a sequence's 400
+    stream tokens, the dictionary prefix not counted: the median over 5 sequences is 0.99 to the median n)."""
+    model = ssm("positive").double()
+    vocab = TASK.vocab_size
+    pre99 = math.log(math.expm1(-math.log(0.99)))  # softplus(pre99) = -ln 0.99
+    numbers = torch.arange(vocab) < TASK.m
+    _stepped(model, {0: torch.full((vocab,), -60.0), 1: torch.full((vocab,), pre99),
+                     2: torch.where(numbers, pre99, -60.0)})
+    fade = measure_fade(model, TASK, n_samples=5, seed=0)
+    f = fade[fade.block == 0].set_index("channel").fade_400
+    assert f[0] == 1.0
+    assert abs(f[1] / 0.99**400 - 1) < 1e-6
+    n = (TASK.sample(400, 5, 0).tokens[:, TASK.prefix_len:] < TASK.m).sum(1)
+    assert n.shape == (5,) and len(set(n.tolist())) > 1  # the sequences differ, so the median is a choice
+    assert abs(f[2] / 0.99 ** float(n.median()) - 1) < 1e-6
+    assert len(fade) == 2 * 48 and fade.fade_400.between(0, 1).all()
+
+
+def test_fade_400_of_a_closed_channel_is_1_where_the_open_range_fades_and_analyze_reports_it(tmp_path):
+    """At a step-size pre-activation of -7 on every token (float32, A = 1), positive-closed is at |a| = 1 exactly
+    (fade 1.0) and positive is at exp(-softplus(-7)) (fade e^-0.36 = 0.69); ``analyze`` carries ``fade_400`` in its
+    channel rows, measured over 400 steps whatever the length it analyses."""
+    fades = {}
+    for kind in ("positive-closed", "positive"):
+        model = ssm(kind)
+        _stepped(model, {0: torch.full((TASK.vocab_size,), -7.0)})
+        path = save_checkpoint(tmp_path / f"{kind}.pt", checkpoint_from_model(model, TASK))
+        r = analyze(path, length=8, n_samples=4, controls=False)
+        assert "fade_400" in r.channels and all("fade_400" in row for row in r.rows() if row["metric"] == "channel")
+        fades[kind] = r.channels[(r.channels.block == 0) & (r.channels.channel == 0)].fade_400.item()
+    assert fades["positive-closed"] == 1.0
+    assert abs(fades["positive"] - math.exp(-400 * math.log1p(math.exp(-7.0)))) < 1e-3
