@@ -526,3 +526,6 @@ from doc_blocks_long import BLOCKS as _LONG  # noqa: E402
 
 BLOCKS.update(_DEEP)
 BLOCKS.update(_LONG)
+from doc_blocks_fresh import BLOCKS as _FRESH  # noqa: E402
+
+BLOCKS.update(_FRESH)
