@@ -61,15 +61,34 @@ class AdamWState:
     source: str = SOURCE
 
 
+def check_optimizer_state(optimizer_state: dict[str, Any] | None, name: str = "<state>") -> None:
+    """Refuse, in one line that says how to get one, a checkpoint without AdamW's state (a weights-only snapshot,
+    ``final.pt``): a check that loads nothing, so a command can make it before any work."""
+    if not optimizer_state or "param_groups" not in optimizer_state:
+        raise ProbeError(f"{name}: holds no optimizer state, so AdamW's real next step cannot be computed; write "
+                         "snapshots with --set train.traj_optimizer=true --set train.traj_dtype=float32, or use the "
+                         "run's last.pt")
+
+
+def check_real_step(ckpt: Checkpoint, optimizer: bool = True, name: str | None = None) -> None:
+    """What ``next_update`` needs and a checkpoint may lack, checked from what it holds alone: AdamW's state (unless
+    ``optimizer`` is false: a state given from elsewhere), and a gradient policy the update can be rebuilt for.
+    ``name``: how the error names the checkpoint (default its file name)."""
+    name = name or ckpt.name
+    if optimizer:
+        check_optimizer_state(ckpt.optimizer_state, name)
+    cut_mode = TrainConfig.from_dict(ckpt.train_config).schedule.cut_mode
+    if cut_mode in ("initial-attention", "initial-model", "lagged-attention"):
+        raise ProbeError(f"{name}: the {cut_mode} cut needs weights the snapshot does not hold; the real step is "
+                         "computed for joint, stopgrad and random-path runs")
+
+
 def adamw_state(optimizer_state: dict[str, Any] | None, model: Any, lr: float, name: str = "<state>",
                 ) -> AdamWState:
     """theta's AdamW state from an optimizer ``state_dict()`` over ``model.parameters()`` (its integer ids follow
     that order), with ``lr`` the learning rate of the next step. Before the first step the moments are zero."""
     theta = check_has_lstm(model)
-    if not optimizer_state or "param_groups" not in optimizer_state:
-        raise ProbeError(f"{name}: holds no optimizer state, so AdamW's real next step cannot be computed; write "
-                         "snapshots with --set train.traj_optimizer=true --set train.traj_dtype=float32, or use the "
-                         "run's last.pt")
+    check_optimizer_state(optimizer_state, name)
     groups = optimizer_state["param_groups"]
     ids = [i for g in groups for i in g["params"]]
     params = list(model.parameters())
@@ -152,13 +171,11 @@ def next_update(ckpt: Checkpoint, model: Any | None = None, cut: Cut = attention
     cfg = TrainConfig.from_dict(ckpt.train_config)
     at = step_state(ckpt)
     device = next(model.parameters()).device
+    check_real_step(ckpt, optimizer=state is None)
     state = state if state is not None else adamw_state(ckpt.optimizer_state, model, at.lr if at.lr is not None
                                                         else cfg.lr, ckpt.name)
     schedule = Schedule(cfg.schedule, cfg.steps, seed=cfg.seed)
     schedule.load_state_dict(ckpt.extra.get("schedule_state") or {})
-    if cfg.schedule.cut_mode in ("initial-attention", "initial-model", "lagged-attention"):
-        raise ProbeError(f"{ckpt.name}: the {cfg.schedule.cut_mode} cut needs weights the snapshot does not hold; "
-                         "the real step is computed for joint, stopgrad and random-path runs")
     # the precision the run trained in, as it recorded it (older runs: what the config gives on this device)
     precision = str(ckpt.extra.get("precision_used") or hardware.precision_used(cfg.precision, device)[0])
     batch = at.draw(ckpt.task_config, at.batch_size, at.batch_seed).to(device)
