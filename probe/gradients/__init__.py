@@ -25,7 +25,8 @@ _EXPORTS = {
     **dict.fromkeys(["LookaheadConfig", "Moments", "adam_moments"], "inputs"),
     **dict.fromkeys(["measure_lookahead", "training_batch", "verdict"], "lookahead"),
     **dict.fromkeys(["plot_blocks", "plot_lookahead", "plot_over_training"], "plots"),
-    **dict.fromkeys(["RealStepConfig", "matched_random", "measure_real_step"], "realstep"),
+    **dict.fromkeys(["RealStepConfig", "RealStepReport", "matched_random", "measure_real_step", "real_step_report"],
+                    "realstep"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 __all__ = sorted(_EXPORTS)

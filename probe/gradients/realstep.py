@@ -21,6 +21,11 @@ beyond-range loss" is then supported only where its measured change exceeds r's:
 as useful for fitting would cause is attributed to fitting, not to attention's direction. What it cannot refute: a
 harm that builds up over many steps (the 50-step rollout is the check for that), or one carried by the momentum
 term (its own rows). ``match`` may name a beyond-range window instead, for the curvature-only comparison.
+
+``real_step_report`` is one snapshot's whole measurement, what ``python -m probe.gradients --real-step [--rollout
+STEPS]`` reports: the rows, the verdict per window, the checks, and with a rollout its rows and its two checks (the
+kept branch's first step is the update computed here; its last weights are the run's own later snapshot, where
+there is one).
 """
 
 from __future__ import annotations
@@ -35,12 +40,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from probe.checkpoint import Checkpoint
+from probe.checkpoint import Checkpoint, load_checkpoint
 from probe.core.gates import attention_gates
 from probe.core.meta import schedule_gate
 from probe.core.rows import CONTROL, check_row, threshold_row
 from probe.gradients.adamstep import PARTS, next_update
-from probe.gradients.decomposition import Cut, attention_inputs_detached, check_has_lstm, flat_grad
+from probe.gradients.decomposition import (
+    Cut,
+    attention_inputs_detached,
+    check_has_lstm,
+    flat_grad,
+    lstm_parameter_names,
+)
 from probe.gradients.inputs import add_step, lookahead_seed
 from probe.tasks import IGNORE_INDEX, Batch, TaskConfig
 from probe.training.batches import BatchDraw
@@ -54,6 +65,9 @@ SUM_TOL = 1e-9
 """|sum of the parts - u| / |u|: float64 rounding only."""
 MATCH_TOL = 1e-9
 """The matched random directions' norm and projection against the requested ones, relative: float64 rounding."""
+ADAMW_TOL = 1e-3
+"""|first step of the kept rollout - computed update| / |update|: float32 (and a fused kernel's) rounding against
+the float64 update; a wrong batch, lr, clip or moment misses by order 1."""
 
 
 @dataclass(frozen=True)
@@ -299,3 +313,69 @@ def rollout_rows(models: dict[str, Any], targets: Targets, gates: Any = None) ->
                      "cut_minus_kept": float(diff.mean()), "cut_minus_kept_se": _se(diff),
                      "cut_minus_kept_z": _z(float(diff.mean()), _se(diff))})
     return pd.DataFrame(rows)
+
+
+def outcome(z: float) -> str:
+    """The rollout's reading of one target: what removing attention's path for the rollout's steps did to it."""
+    if math.isnan(z):
+        return "not measured"
+    return "cut lowers the loss" if z < -Z_DETECT else "cut raises the loss" if z > Z_DETECT else \
+        "no difference detected"
+
+
+@dataclass
+class RealStepReport:
+    """One snapshot's real-step lookahead: ``rows`` (``measure_real_step``), ``verdicts`` (``verdicts``, with the
+    moments' source, each part's share of the update and, after a rollout, its outcome per window), ``rollout``
+    (``rollout_rows``; empty without one) and ``controls``."""
+
+    rows: pd.DataFrame
+    verdicts: pd.DataFrame
+    rollout: pd.DataFrame
+    controls: list[dict[str, Any]]
+
+
+def real_step_report(ckpt: Checkpoint, cfg: RealStepConfig | None = None, seed: int = 0,
+                     device: torch.device | str = "cpu", rollout: int = 0, name: str | None = None,
+                     ) -> RealStepReport:
+    """The real step at ``ckpt`` with its verdicts and controls, and, for ``rollout`` > 0, the run continued that
+    many steps from the same state with attention's gradient path into the recurrent sublayers kept and cut
+    (``probe.training.rollout``): each target's loss after both, and two checks, ``realstep_matches_adamw`` (the
+    kept branch's first step, taken by torch's AdamW, against the update computed here) and, where the trajectory
+    holds the snapshot ``rollout`` steps later, ``rollout_reproduces_run`` (the kept branch's weights against it,
+    bit for bit: it holds on the machine, precision and thread count that trained the run)."""
+    name = name or (str(ckpt.path) if ckpt.path is not None else ckpt.name)
+    rows, info = measure_real_step(ckpt, cfg, seed, device)
+    verdict = verdicts(rows)
+    checks = controls(name, info, verdict)
+    shares = rows[rows.positions == "<=L"].set_index("part").fraction_of_update
+    verdict = verdict.assign(moments=rows.moments.iloc[0],
+                             **{f"fraction_{p}": float(shares[p]) for p in ("rec", "momentum", "decay")})
+    if rollout <= 0:
+        return RealStepReport(rows, verdict, pd.DataFrame(), checks)
+    from probe.training.rollout import continue_run, weight_difference  # the trainer: only for a rollout
+
+    kept, cut = continue_run(ckpt, rollout, "kept", device), continue_run(ckpt, rollout, "cut", device)
+    names = lstm_parameter_names(kept.model)
+    first = torch.cat([(ckpt.state_dict[n].double() - kept.first_step[n].double()).flatten() for n in names])
+    full = info["step"].parts["full"].to(first)
+    checks.append(threshold_row(name, "realstep_matches_adamw", float((first - full).norm() / full.norm()),
+                                ADAMW_TOL, "|the kept rollout's first step (torch's AdamW) - the computed update| / "
+                                "|update|: fails if the batch, lr, clipping, moments or bias correction differ"))
+    later = ckpt.path.parent / f"step_{ckpt.step + rollout:06d}.pt" if ckpt.path is not None else None
+    reproduced = None
+    if later is not None and later.is_file():
+        diff = weight_difference(kept.model.state_dict(), load_checkpoint(later))
+        reproduced = diff == 0.0
+        checks.append(threshold_row(name, "rollout_reproduces_run", diff, 0.0,
+                                    f"largest |weight| difference between the kept rollout and the run's own "
+                                    f"snapshot {rollout} steps later: fails if the rollout is not the run (or runs "
+                                    "on another machine, precision or thread count than the run trained on)"))
+    roll = rollout_rows({"kept": kept.model, "cut": cut.model}, info["targets"]).assign(rollout_steps=rollout)
+    by_window = roll.set_index("positions")
+    verdict = verdict.assign(rollout_steps=rollout,
+                             rollout_cut_minus_kept=[float(by_window.cut_minus_kept[w]) for w in verdict.positions],
+                             rollout_z=[float(by_window.cut_minus_kept_z[w]) for w in verdict.positions],
+                             rollout_reproduced=reproduced)
+    verdict["rollout_outcome"] = verdict.rollout_z.map(outcome)
+    return RealStepReport(rows, verdict, roll, checks)
