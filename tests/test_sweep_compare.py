@@ -348,3 +348,28 @@ def test_targets_parse_both_directions_and_unknown_metrics_are_named():
     assert parse_target("a>=0.9, b<0.25") == {"a": (">=", 0.9), "b": ("<", 0.25)}
     with pytest.raises(ProbeError, match="state_win_32x_64x not in the runs' summaries"):
         meets_target(runs_frame({"a": [True]}), parse_target("state_win_32x_64x>=0.9"))
+
+
+def test_window_figure_has_a_dot_per_seed_and_window_and_each_window_s_chance_floor():
+    from matplotlib.collections import LineCollection, PathCollection
+
+    from probe.sweep.aggregate import window_summary
+    from probe.sweep.plots import plot_windows
+
+    windows_order = [("in range", 0, 25), ("(1x, 2x]", 25, 50), ("(2x, 4x]", 50, 100)]
+    rows = [{"variant": v, "seed": s, "window": w, "lo": lo, "hi": hi, "beyond": lo > 0, "subtask": sub,
+             "token_acc": acc, "chance": {"state": 0.1, "state_mod2": 0.5, "recall": 0.0625}[sub]}
+            for v, base in (("joint", 0.3), ("dat", 0.9)) for s in (0, 1, 2)
+            for j, (w, lo, hi) in enumerate(windows_order) for sub in ("state", "state_mod2", "recall")
+            for acc in [1.0 if j == 0 else round(base + 0.01 * s, 3)]]
+    w = pd.DataFrame(rows)
+    fig = plot_windows(w, window_summary(w))
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in shown] == ["state", "state_mod2", "recall"]
+    for ax, sub in zip(shown, ("state", "state_mod2", "recall"), strict=True):
+        dots = np.concatenate([c.get_offsets() for c in ax.collections if type(c) is PathCollection])
+        expect = sorted(w[w.subtask == sub].token_acc)
+        assert sorted(dots[:, 1]) == pytest.approx(expect)  # 2 variants x 3 seeds x 3 windows, each at its value
+        floors = [c for c in ax.collections if type(c) is LineCollection and c.get_linestyle()[0][1] is not None]
+        ys = {round(float(seg[0][1]), 4) for c in floors for seg in c.get_segments()}
+        assert ys == {round(w[w.subtask == sub].chance.iloc[0], 4)}

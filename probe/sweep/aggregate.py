@@ -23,6 +23,7 @@ from probe.sweep.config import SWEEP_FILE, config_from_dict
 from probe.sweep.worker import EVAL
 
 RESULTS, TABLE, FIGURE = "results.json", "results.md", "accuracy_vs_length.png"
+WINDOW_FIGURE = "accuracy_by_window.png"
 _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 
 
@@ -312,8 +313,9 @@ def _cell(rows: pd.DataFrame) -> str:
 
 def write_report(report: SweepReport, out: str | Path, figure: bool = True) -> list[Path]:
     """In ``out``: the compact grid (``runs.jsonl``, ``curves.csv``, ``training.csv``; see ``probe.results``),
-    ``results.json`` (the envelope: summary and comparison rows), ``results.md`` and the figure."""
-    from probe.sweep.plots import plot_sweep
+    ``results.json`` (the envelope: summary and comparison rows), ``results.md`` and the figures (accuracy vs
+    length; per window, where the runs were scored per window)."""
+    from probe.sweep.plots import plot_sweep, plot_windows
 
     out = Path(out)
     paths = write_grid(report.grid, out) if report.grid is not None and report.grid.source != "compact" else []
@@ -324,6 +326,9 @@ def write_report(report: SweepReport, out: str | Path, figure: bool = True) -> l
     if figure:
         save_figure(plot_sweep(report.curves, report.bands), out / FIGURE)
         paths.append(out / FIGURE)
+        if report.windows is not None and not report.windows.empty and report.grid is not None:
+            save_figure(plot_windows(report.grid.windows, report.windows), out / WINDOW_FIGURE)
+            paths.append(out / WINDOW_FIGURE)
     return paths
 
 

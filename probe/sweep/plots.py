@@ -1,4 +1,5 @@
-"""The sweep's figure: token accuracy vs length, one band per variant, every seed as a thin line."""
+"""The sweep's figures: token accuracy vs length, one band per variant, every seed as a thin line; and the metric of
+record, token accuracy per window of positions, every seed a dot beside its chance floor."""
 
 from __future__ import annotations
 
@@ -44,6 +45,55 @@ def plot_sweep(curves: pd.DataFrame, bands: pd.DataFrame, subtasks: Sequence[str
         ax.legend(fontsize=7, loc="lower left")
     fig.suptitle("Token accuracy vs length — thick: mean over seeds; band: 95 % t-interval of the mean; "
                  "thin: each seed", fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+WINDOW_SUBTASKS = ("state", "state_mod2", "state_mod5", "recall")
+"""The panels of the window figure, where the grid has them: the state, its factors (parity, mod 5), recall."""
+
+
+def plot_windows(windows: pd.DataFrame, summary: pd.DataFrame, subtasks: Sequence[str] = WINDOW_SUBTASKS) -> Figure:
+    """One panel per subtask (the state, each factor of the modulus, recall): per variant and window of stream
+    positions, every seed's token accuracy (a dot) and the mean over seeds with its 95 % t-interval (a bar), and the
+    window's chance floor (dashed). ``windows`` is a grid's per-run window table (``Grid.windows``), ``summary``
+    its ``window_summary``."""
+    import matplotlib.pyplot as plt
+    import seaborn as sns
+
+    sns.set_theme(style="whitegrid", context="paper")
+    present = [s for s in subtasks if (windows.subtask == s).any()]
+    order = list(dict.fromkeys(windows.window))
+    variants = list(dict.fromkeys(windows.variant))
+    colors = dict(zip(variants, sns.color_palette("tab10", len(variants)), strict=True))
+    ncols = min(2, len(present))
+    nrows = -(-len(present) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(ncols * (1.5 + 1.1 * len(order)), 3.4 * nrows), sharey=True,
+                             squeeze=False)
+    for ax in axes.flat[len(present):]:
+        ax.set_visible(False)
+    spread = 0.8 / max(len(variants), 1)
+    for ax, subtask in zip(axes.flat, present, strict=False):
+        for i, variant in enumerate(variants):
+            offset = (i - (len(variants) - 1) / 2) * spread
+            part = windows[(windows.variant == variant) & (windows.subtask == subtask)]
+            x = part.window.map({w: j for j, w in enumerate(order)}) + offset
+            ax.scatter(x, part.token_acc, s=9, color=colors[variant], alpha=0.6, lw=0)
+            s = summary[(summary.variant == variant) & (summary.subtask == subtask)].set_index("window")
+            s = s.reindex([w for w in order if w in s.index])
+            xs = [order.index(w) + offset for w in s.index]
+            ax.errorbar(xs, s["mean"], yerr=[s["mean"] - s.ci_low.fillna(s["mean"]),
+                                             s.ci_high.fillna(s["mean"]) - s["mean"]],
+                        fmt="_", color=colors[variant], markersize=9, capsize=2, lw=1.2,
+                        label=f"{variant} ({part.seed.nunique()} seeds)")
+        floors = windows[windows.subtask == subtask].groupby("window", sort=False).chance.first().reindex(order)
+        ax.hlines(floors, [j - 0.45 for j in range(len(order))], [j + 0.45 for j in range(len(order))],
+                  colors="0.3", linestyles="dashed", lw=0.9, label="chance")
+        ax.set_xticks(range(len(order)), order, fontsize=7)
+        ax.set(title=subtask, xlabel="window of stream positions", ylabel="token accuracy", ylim=(-0.02, 1.02))
+    axes[0][0].legend(fontsize=6, loc="lower left", ncols=2)
+    fig.suptitle("Token accuracy per window of positions — dots: each seed; bars: mean over seeds with its 95 % "
+                 "t-interval; dashed: chance", fontsize=8)
     fig.tight_layout()
     return fig
 
