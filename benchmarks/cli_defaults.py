@@ -64,6 +64,11 @@ CASES = [
     _analysis("evaluate --every-length", "evaluate", "hybrid-joint", "--every-length", group="options"),
     _analysis("gradients --full-lookahead", "gradients", "hybrid-joint", "--full-lookahead", group="options"),
     _analysis("attributions --ig", "attributions", "hybrid-joint", "--ig", group="options"),
+    *(Case(name, "options", ["probe.gradients", "{tmp}/realstep/trajectory/step_000040.pt", *extra, "--threads", "1",
+                             "--no-progress", "--json"], "hybrid-joint")
+      for name, extra in (("gradients, snapshot with AdamW's state", []),
+                          ("gradients --real-step", ["--real-step"]),
+                          ("gradients --real-step --rollout 50", ["--real-step", "--rollout", "50"]))),
     _analysis("probes --full", "probes", "hybrid-dat", "--full", group="options"),
     Case("figures --small", "options", ["probe.figures", "--small", "--out", "{tmp}/figures", "--threads", "1",
                                         "--no-progress"], "hybrid-joint"),
@@ -106,6 +111,20 @@ def ssm_checkpoint(folder: Path) -> Path:
     torch.manual_seed(0)
     return save_checkpoint(folder / "hybrid-ssm-complex-dat.pt", checkpoint_from_model(
         HookedSequenceModel(model_cfg), task, train_config=train_cfg.to_dict()))
+
+
+def realstep_snapshot(folder: Path) -> Path:
+    """A snapshot that holds AdamW's state, of the hybrid-joint preset's size, written as study/sweeps/realstep.toml
+    writes them (none is shipped): 60 steps with a snapshot every 20; the real step's cost does not depend on how far
+    the run got."""
+    from probe.train import build_configs, train
+
+    model_cfg, task, train_cfg = build_configs(
+        "hybrid-joint", overrides=["train.steps=60", "train.traj_every=20", "train.traj_optimizer=true",
+                                   "train.traj_dtype=float32", "train.precision=auto", "train.optimizer_impl=fused",
+                                   "train.eval_every=1000", "train.eval_samples=8"])
+    train(model_cfg, task, train_cfg, folder / "realstep", progress=False)
+    return folder / "realstep" / "trajectory" / "step_000040.pt"
 
 
 def run(case: Case, tmp: Path) -> tuple[float, float, int]:
@@ -151,6 +170,8 @@ def main(argv: list[str]) -> int:
         tmp = Path(folder)
         if any(c.name == "transitions" for c in cases):
             ssm_checkpoint(tmp)
+        if any("{tmp}/realstep" in " ".join(c.args) for c in cases):
+            realstep_snapshot(tmp)
         for case in cases:
             wall, cpu, code = run(case, tmp)
             budget = "" if case.group != "default" else "ok" if cpu <= BUDGET_S else f"OVER {BUDGET_S:.0f} s"

@@ -4,6 +4,7 @@ matched random baseline, each against torch's own optimizer or the run itself.""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pandas as pd
 import pytest
@@ -13,7 +14,14 @@ from probe.checkpoint import load_checkpoint
 from probe.errors import ProbeError
 from probe.gradients.adamstep import PARTS, adamw_state, next_update, update_parts
 from probe.gradients.decomposition import check_has_lstm, lstm_parameter_names
-from probe.gradients.realstep import RealStepConfig, controls, matched_random, measure_real_step, verdicts
+from probe.gradients.realstep import (
+    SUM_TOL,
+    RealStepConfig,
+    controls,
+    matched_random,
+    measure_real_step,
+    verdicts,
+)
 from probe.train import ScheduleConfig, TrainConfig, train
 from probe.training.rollout import continue_run, weight_difference
 
@@ -191,3 +199,130 @@ def test_a_snapshot_without_the_optimizer_is_refused(run, tmp_path):
         next_update(bare)
     with pytest.raises(ProbeError, match="traj_optimizer"):
         continue_run(bare, 1)
+
+
+# --- python -m probe.gradients --real-step [--rollout STEPS] --------------------------------------------------------
+CLI_SMALL = ["--lengths", "8", "--samples", "8", "--la-eval-batches", "2", "--no-lookahead", "--no-progress"]
+
+
+def _analysis(obj, kind):
+    return pd.DataFrame([r for r in obj["results"] if r["analysis"] == kind])
+
+
+@pytest.mark.slow  # trains a 30-step run (module fixture)
+def test_cli_real_step_rows_are_the_update_s_parts_at_their_shares(run, tmp_path, capsys):
+    from probe.gradients import GradientReport
+    from probe.gradients import main as gradients_main
+
+    path = run / "step_000020.pt"
+    assert gradients_main([str(path), "--real-step", "--json", "--out", str(tmp_path / "o"), *CLI_SMALL]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    assert obj == json.loads((tmp_path / "o" / "results.json").read_text())
+    rows = _analysis(obj, "real_step")
+    assert set(rows.part) == {*PARTS, "full", "matched_random"} and set(rows.checkpoint) == {str(path)}
+    assert set(rows.moments) == {"adamw-state"} and set(rows.adam_step) == {21}
+    assert set(rows.positions) == {"<=L", "(1x, 2x]", "(2x, 4x]", "(4x, 8x]", "(8x, 16x]"}
+    train_rows = rows[rows.positions == "<=L"].set_index("part")
+    # each part's share is its norm over the update's, as next_update computes them on its own
+    step = next_update(load_checkpoint(path))
+    full = float(step.parts["full"].norm())
+    assert train_rows.loc["full", "fraction_of_update"] == 1.0
+    assert train_rows.update_norm.iloc[0] == pytest.approx(full, rel=1e-12)
+    for p in PARTS:
+        assert train_rows.loc[p, "fraction_of_update"] == pytest.approx(float(step.parts[p].norm()) / full, rel=1e-9)
+    # the parts are additive: their first-order changes sum to the full update's, and their vectors to the update
+    for _, df in rows.groupby("positions"):
+        by = df.set_index("part")
+        assert by.loc[list(PARTS), "dL_first"].sum() == pytest.approx(by.loc["full", "dL_first"], rel=1e-6, abs=1e-12)
+    checks = pd.DataFrame(obj["controls"])
+    by_name = checks.drop_duplicates("control").set_index("control")
+    assert by_name.loc["realstep_parts_sum", "passed"] and by_name.loc["realstep_parts_sum", "value"] <= SUM_TOL
+    # the baseline is as long as attention's part and lowers the training loss as much, to first order
+    assert by_name.loc["realstep_matched_random", "passed"]
+    assert (rows[rows.part == "matched_random"].step_norm.to_numpy()
+            == pytest.approx(rows[rows.part == "att"].step_norm.to_numpy(), rel=1e-12))
+    assert train_rows.loc["matched_random", "dL_first"] == pytest.approx(train_rows.loc["att", "dL_first"], rel=1e-6,
+                                                                         abs=1e-12)
+    att = rows[rows.part == "att"]
+    assert att[["vs_matched", "vs_matched_se", "vs_matched_z"]].notna().all().all()
+    verdict = _analysis(obj, "real_step_verdict")
+    assert list(verdict.positions) == ["(1x, 2x]", "(2x, 4x]", "(4x, 8x]", "(8x, 16x]"]
+    assert set(verdict.verdict) <= {"raises", "lowers", "no effect detected", "no attention path"}
+    assert (verdict.fraction_att == train_rows.loc["att", "fraction_of_update"]).all()
+    vs = checks[checks.control == "realstep_vs_matched_random"]
+    assert len(vs) == 4 and set(vs.kind) == {"control"} and "rollout_outcome" not in verdict
+    assert _analysis(obj, "real_step_rollout").empty
+    back = GradientReport.from_json(obj)  # the report reads its rows back
+    assert len(back.real_step) == len(rows) and len(back.real_step_verdicts) == 4
+
+
+@pytest.mark.slow  # trains a 30-step run (module fixture)
+def test_cli_rollout_continues_the_run_from_the_same_state(run, capsys):
+    from probe.gradients import main as gradients_main
+
+    assert gradients_main([str(run / "step_000010.pt"), "--real-step", "--rollout", "20", *CLI_SMALL]) == 0
+    out = capsys.readouterr().out
+    assert "real step" in out and "rollout, 20 steps" in out and "FAIL realstep_matches" not in out
+    assert gradients_main([str(run / "step_000010.pt"), "--real-step", "--rollout", "20", "--json",
+                           *CLI_SMALL]) == 0
+    obj = json.loads(capsys.readouterr().out)
+    roll = _analysis(obj, "real_step_rollout")
+    assert set(roll.positions) == set(_analysis(obj, "real_step").positions) and set(roll.rollout_steps) == {20}
+    assert roll.cut_minus_kept.to_numpy() == pytest.approx((roll.loss_cut - roll.loss_kept).to_numpy(), abs=1e-9)
+    verdict = _analysis(obj, "real_step_verdict")
+    assert set(verdict.rollout_steps) == {20} and verdict.rollout_outcome.notna().all()
+    checks = pd.DataFrame(obj["controls"]).set_index("control")
+    # the kept branch is the run: its first step is the computed update, its weights the run's snapshot at step 30
+    assert checks.loc["realstep_matches_adamw", "passed"] and checks.loc["rollout_reproduces_run", "value"] == 0.0
+    assert set(verdict.rollout_reproduced) == {True}
+
+
+def test_cli_real_step_refuses_a_checkpoint_without_the_optimizer_before_any_work(tmp_path, capsys, monkeypatch):
+    import time
+
+    from probe.checkpoint import checkpoint_from_model, save_checkpoint
+    from probe.gradients import analysis
+    from probe.gradients import main as gradients_main
+    from probe.tasks import make_task
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the analysis started on a checkpoint it must refuse")
+
+    monkeypatch.setattr(analysis, "analyze_checkpoint", no_work)
+    task = make_task("interleaved", train_length=4)
+    path = save_checkpoint(tmp_path / "weights.pt", checkpoint_from_model(tiny_model("hybrid", task.vocab_size), task))
+    t0 = time.perf_counter()
+    assert gradients_main([str(path), "--real-step"]) == 2
+    assert time.perf_counter() - t0 < 5
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and err.count("\n") == 1, err
+    assert str(path) in err and "no optimizer state" in err and "--set train.traj_optimizer=true" in err
+    # a rollout needs the real step's snapshot
+    assert gradients_main([str(path), "--rollout", "5"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --rollout") and err.count("\n") == 1
+
+
+def test_cli_real_step_is_off_by_default_and_its_help_s_sizes_are_the_library_s(monkeypatch):
+    from probe.gradients import analysis
+    from probe.gradients import cli as gcli
+
+    seen = []
+
+    def capture(*args, **kwargs):
+        seen.append(kwargs)
+        raise RuntimeError("captured")
+
+    monkeypatch.setattr(analysis, "analyze", capture)
+    for argv in (["x.pt"], ["x.pt", "--real-step"], ["x.pt", "--real-step", "--rollout", "50", "--samples", "16",
+                                                     "--la-eval-batches", "3"]):
+        with pytest.raises(RuntimeError, match="captured"):
+            gcli.run(gcli.COMMAND.parse(argv))
+    default, real, sized = seen
+    assert (default["real_step"], default["rollout"]) == (None, 0)
+    assert real["real_step"] == RealStepConfig() and real["rollout"] == 0, "--real-step is the study's real step"
+    assert sized["real_step"] == RealStepConfig(batch_size=16, train_eval_batches=3, eval_batches=3)
+    assert sized["rollout"] == 50
+    cfg = RealStepConfig()
+    assert (gcli.REAL_STEP_TRAIN_BATCHES, gcli.REAL_STEP_EVAL_BATCHES, gcli.REAL_STEP_MAX_FACTOR,
+            gcli.REAL_STEP_RANDOM) == (cfg.train_eval_batches, cfg.eval_batches, cfg.max_factor, cfg.n_random)

@@ -1,4 +1,5 @@
-"""Run the decomposition, the lookahead and their controls on checkpoints and trajectories."""
+"""Run the decomposition, the lookahead, the real-step lookahead (on request) and their controls on checkpoints and
+trajectories."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from probe.core.meta import checkpoint_meta, schedule_gate
 from probe.core.progress import note, progress_iter
 from probe.core.rows import threshold_row
 from probe.errors import ProbeError
+from probe.gradients.adamstep import check_real_step
 from probe.gradients.beyond import (
     first_order_check,
     measure_beyond_range,
@@ -34,6 +36,7 @@ from probe.gradients.controls import (
 )
 from probe.gradients.decomposition import interference
 from probe.gradients.inputs import LookaheadConfig, adam_moments
+from probe.gradients.realstep import RealStepConfig, real_step_report
 from probe.memory import check_lengths
 from probe.models import HookedSequenceModel, ModelConfig
 from probe.tasks import TaskConfig
@@ -55,16 +58,24 @@ def check_family(ckpt: Checkpoint | ModelConfig, name: str) -> None:
 
 @dataclass
 class GradientReport:
-    """Everything one invocation measured: tidy frames plus control rows."""
+    """Everything one invocation measured: tidy frames plus control rows. ``real_step``, ``real_step_verdicts`` and
+    ``rollout`` are empty unless the real step was asked for (``probe.gradients.realstep``)."""
 
     interference: pd.DataFrame
     lookahead: pd.DataFrame = field(default_factory=pd.DataFrame)
     verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)
     controls: list[dict[str, Any]] = field(default_factory=list)
+    real_step: pd.DataFrame = field(default_factory=pd.DataFrame)
+    real_step_verdicts: pd.DataFrame = field(default_factory=pd.DataFrame)
+    rollout: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    FRAMES = (("interference", "interference"), ("lookahead", "lookahead"), ("verdicts", "lookahead_verdict"),
+              ("real_step", "real_step"), ("real_step_verdicts", "real_step_verdict"),
+              ("rollout", "real_step_rollout"))
+    """(attribute, the rows' ``analysis`` value)."""
 
     def rows(self) -> list[dict[str, Any]]:
-        frames = [(self.interference, "interference"), (self.lookahead, "lookahead"),
-                  (self.verdicts, "lookahead_verdict")]
+        frames = [(getattr(self, attr), kind) for attr, kind in self.FRAMES]
         return [{"analysis": kind, **r} for df, kind in frames if not df.empty for r in df.to_dict("records")]
 
     @classmethod
@@ -78,7 +89,7 @@ class GradientReport:
             df = rows[rows.analysis == kind].drop(columns="analysis").dropna(axis=1, how="all")
             return df.reset_index(drop=True)
 
-        return cls(part("interference"), part("lookahead"), part("lookahead_verdict"), list(obj.get("controls", [])))
+        return cls(controls=list(obj.get("controls", [])), **{attr: part(kind) for attr, kind in cls.FRAMES})
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -134,9 +145,10 @@ def analyze_model(model: HookedSequenceModel | WrappedModel, task: TaskConfig | 
 def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, batch_size: int = 64, seed: int = 0,
                        device: torch.device | str = "cpu", stored_gate: bool = False,
                        lookahead_cfg: LookaheadConfig | None = DEFAULT_LOOKAHEAD, progress: bool = False,
-                       ) -> GradientReport:
-    """Interference at each length, the lookahead (unless ``lookahead_cfg`` is None) and the per-checkpoint
-    controls, for one checkpoint."""
+                       real_step: RealStepConfig | None = None, rollout: int = 0) -> GradientReport:
+    """Interference at each length, the lookahead (unless ``lookahead_cfg`` is None), the real-step lookahead
+    (``real_step_report``, when ``real_step`` is given; with a ``rollout`` of that many steps when > 0) and the
+    per-checkpoint controls, for one checkpoint."""
     check_family(ckpt, ckpt.name)
     meta = checkpoint_meta(ckpt)
     model = ckpt.build_model(device)
@@ -160,27 +172,37 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
                          positions_check(meta["checkpoint"], la, checks["starts"]),
                          random_baseline_control(meta["checkpoint"], v)]
             verdicts = pd.DataFrame([{**meta_g, **v}])
-    return GradientReport(table, la, verdicts, controls)
+    report = GradientReport(table, la, verdicts, controls)
+    if real_step is not None:
+        note(f"{meta['checkpoint']}: real step (step {ckpt.step})"
+             + (f", two {rollout}-step rollouts" if rollout > 0 else ""), progress)
+        rs = real_step_report(ckpt, real_step, seed, device, rollout, meta["checkpoint"])
+        run_gates = schedule_gate(ckpt)  # the real step is the run's: its gate, whatever --stored-gate says
+        meta_rs = {**meta, "gate": run_gates[0] if run_gates else 0.0}
+        report.real_step, report.real_step_verdicts = rs.rows.assign(**meta_rs), rs.verdicts.assign(**meta_rs)
+        report.rollout = rs.rollout.assign(**meta_rs) if not rs.rollout.empty else rs.rollout
+        report.controls += rs.controls
+    return report
 
 
 def analyze(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, batch_size: int = 64, seed: int = 0,
             device: torch.device | str = "cpu", stored_gate: bool = False,
-            lookahead_cfg: LookaheadConfig | None = DEFAULT_LOOKAHEAD, progress: bool = False) -> GradientReport:
-    """Every checkpoint in ``paths`` (files, trajectory or run directories, globs), plus the built-in control."""
+            lookahead_cfg: LookaheadConfig | None = DEFAULT_LOOKAHEAD, progress: bool = False,
+            real_step: RealStepConfig | None = None, rollout: int = 0) -> GradientReport:
+    """Every checkpoint in ``paths`` (files, trajectory or run directories, globs), plus the built-in control;
+    ``real_step`` and ``rollout`` as in ``analyze_checkpoint``."""
     files = resolve_checkpoints([str(p) for p in paths])
     ckpts = [load_checkpoint(p) for p in files]  # validate every file and length before spending time on any
     for c in ckpts:
         check_family(c, str(c.path))
+        if real_step is not None:
+            check_real_step(c, name=str(c.path))
         task = c.task_config
         check_lengths(c.model_config, task, list(lengths or multiples(task.train_length, DEFAULT_FACTORS)), device,
                       grad=True, name=str(c.path))
     it: Any = progress_iter(ckpts, "checkpoints", progress and len(ckpts) > 1)
-    reports = [analyze_checkpoint(c, lengths, batch_size, seed, device, stored_gate, lookahead_cfg, progress)
-               for c in it]
-    return GradientReport(
-        interference=_concat([r.interference for r in reports]),
-        lookahead=_concat([r.lookahead for r in reports]),
-        verdicts=_concat([r.verdicts for r in reports]),
-        controls=[c for r in reports for c in r.controls] + builtin_controls(),
-    )
+    reports = [analyze_checkpoint(c, lengths, batch_size, seed, device, stored_gate, lookahead_cfg, progress,
+                                  real_step, rollout) for c in it]
+    return GradientReport(controls=[c for r in reports for c in r.controls] + builtin_controls(),
+                          **{attr: _concat([getattr(r, attr) for r in reports]) for attr, _ in GradientReport.FRAMES})
 
