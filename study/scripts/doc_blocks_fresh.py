@@ -35,6 +35,12 @@ def _of(runs: pd.DataFrame, variant: str) -> pd.DataFrame:
     return runs[runs.variant == variant].sort_values("seed")
 
 
+def _variants(runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """("preset, precision", its runs) for every variant of the grid with a committed run, presets in order."""
+    out = [(f"{name}, {prec}", _of(runs, f"{stem}-{prec}")) for stem, name in PRESETS.items() for prec in PRECISIONS]
+    return [(label, r) for label, r in out if not r.empty]
+
+
 def _window_cell(values: pd.Series) -> str:
     v = values.dropna()
     if v.empty:
@@ -48,15 +54,9 @@ def fresh_windows(root: Path) -> str:
     runs = _fresh(root)
     if runs is None:
         return "No run of `study/sweeps/fresh.toml` is committed yet."
-    rows = []
-    for stem, name in PRESETS.items():
-        for prec in PRECISIONS:
-            r = _of(runs, f"{stem}-{prec}")
-            if r.empty:
-                continue
-            rows.append([f"{name}, {prec}", len(r), *[_window_cell(r[f"state_win_{w}"]) for w, _ in WINDOWS],
-                         _window_cell(r["state_mod2_win_8x_16x"]), _window_cell(r["state_mod5_win_8x_16x"]),
-                         _window_cell(r["recall_win_8x_16x"])])
+    rows = [[label, len(r), *[_window_cell(r[f"state_win_{w}"]) for w, _ in WINDOWS],
+             _window_cell(r["state_mod2_win_8x_16x"]), _window_cell(r["state_mod5_win_8x_16x"]),
+             _window_cell(r["recall_win_8x_16x"])] for label, r in _variants(runs)]
     return table(["preset, precision", "seeds", *[f"state {label}" for _, label in WINDOWS],
                   "parity (8x, 16x] (chance 50)", "mod 5 (8x, 16x] (chance 20)", "recall (8x, 16x] (chance 6.2)"],
                  rows)
@@ -68,17 +68,10 @@ def fresh_seeds(root: Path) -> str:
     runs = _fresh(root)
     if runs is None:
         return "No run of `study/sweeps/fresh.toml` is committed yet."
-    rows = []
-    for stem, name in PRESETS.items():
-        for prec in PRECISIONS:
-            r = _of(runs, f"{stem}-{prec}")
-            if r.empty:
-                continue
-            met = meets_target(r, TARGET)
-            rows.append([f"{name}, {prec}", " ".join(str(s) for s in r.seed), per_seed(r.state_win_2x_4x),
-                         per_seed(r.state_win_8x_16x), per_seed(r.state_mod5_win_8x_16x),
-                         per_seed(r.state_mod2_win_8x_16x),
-                         "".join("y" if m is True else "n" if m is False else "?" for m in met)])
+    rows = [[label, " ".join(str(s) for s in r.seed), per_seed(r.state_win_2x_4x), per_seed(r.state_win_8x_16x),
+             per_seed(r.state_mod5_win_8x_16x), per_seed(r.state_mod2_win_8x_16x),
+             "".join("y" if m is True else "n" if m is False else "?" for m in meets_target(r, TARGET))]
+            for label, r in _variants(runs)]
     text = table(["preset, precision", "seeds", "state (2x, 4x], each seed", "state (8x, 16x], each seed",
                   "mod 5 (8x, 16x], each seed", "parity (8x, 16x], each seed", "target met, each seed"], rows)
     failing = runs[runs.state_win_8x_16x < HOLDS]
