@@ -66,7 +66,8 @@ def headline(root: Path) -> str:
             name = v if grid_name == "reproduction" else f"hybrid-{v}"
             rows.append([f"`{name}`", f"{grid_name} ({note})", len(r), mean_ci(r.state_acc_1x), mean_ci(r.state_acc_3x),
                          per_seed(r.state_acc_3x), mean_ci(r.recall_acc_3x), _holds(r, 3)])
-    return _table(["model", "grid", "seeds", "state at 1x", "state at 3x", "state at 3x, each seed", "recall at 3x",
+    return _table(["model", "grid", "seeds", "state at 1x (all positions)", "state at 3x (all positions)",
+                   "state at 3x, each seed (all positions)", "recall at 3x (all positions)",
                    f"seeds ≥ {100 * SOLVED:.0f} % on both at 3x"], rows)
 
 
@@ -137,8 +138,9 @@ def mechanism_short(root: Path) -> str:
             diff, p = "—", "—"
         rows.append([f"`{v}`", WHAT.get(v, ""), len(r), mean_ci(r.state_acc_3x), diff, p, mean_ci(r.recall_acc_3x)])
     n_tests = int(cmp.n_tests.iloc[0])
-    return (_table(["variant", "what it changes", "seeds", "state at 3x [95 % CI]", "vs `joint` [95 % CI]",
-                    f"p (Holm over {n_tests})", "recall at 3x"], rows) + mechanism_in_progress(grid))
+    return (_table(["variant", "what it changes", "seeds", "state at 3x [95 % CI] (all positions)",
+                    "vs `joint` [95 % CI]",
+                    f"p (Holm over {n_tests})", "recall at 3x (all positions)"], rows) + mechanism_in_progress(grid))
 
 
 def _pairs_once(cmp: pd.DataFrame) -> list:
@@ -239,7 +241,7 @@ def shipped_joint(root: Path) -> str:
     pick = r.seed[np.isclose(r.state_acc_3x, median)].tolist()
     rows = [[int(s), pct(a), pct(b), "shipped" if int(s) in pick else ""]
             for s, a, b in zip(r.seed, r.state_acc_3x, r.recall_acc_3x, strict=True)]
-    return _table(["seed", "state at 3x", "recall at 3x", ""], rows)
+    return _table(["seed", "state at 3x (all positions)", "recall at 3x (all positions)", ""], rows)
 
 
 # --- study/docs/mechanism.md ------------------------------------------------------------------------------------------
@@ -261,7 +263,8 @@ def mechanism_seeds(root: Path) -> str:
         r = _runs(grid, v)
         rows.append([v, len(r), ", ".join(map(str, r.seed)), per_seed(r.state_acc_3x), per_seed(r.state_acc_4x),
                      f"{pct(r.recall_acc_3x.min())}–{pct(r.recall_acc_3x.max())}", _holds(r, 3)])
-    return _table(["variant", "seeds", "which", "state at 3x, each seed", "state at 4x, each seed",
+    return _table(["variant", "seeds", "which", "state at 3x, each seed (all positions)",
+                   "state at 4x, each seed (all positions)",
                    "recall at 3x, range", f"seeds ≥ {100 * SOLVED:.0f} % on both at 3x"], rows)
 
 
@@ -289,7 +292,7 @@ def _focused(root: Path, variants: list[str], baselines: list[str]) -> str:
         k = int((r.state_acc_3x < SOLVED).sum())
         rows.append([f"`{v}`", WHAT.get(v, ""), len(r), per_seed(r.state_acc_3x), mean_ci(r.state_acc_3x),
                      f"{k} of {len(r)}", f"{100 * _failure_bound(k, len(r)):.0f} %" if len(r) else "–"])
-    out = _table(["variant", "what it changes", "seeds", "state at 3x, each seed", "mean [95 % t-CI]",
+    out = _table(["variant", "what it changes", "seeds", "state at 3x, each seed (all positions)", "mean [95 % t-CI]",
                   f"runs below {100 * SOLVED:.0f} %", "95 % upper bound on the failure rate"], rows)
     tested = [v for v in variants if len(_runs(grid, v)) >= MIN_TESTED]
     if len(tested) < len(variants):
@@ -333,8 +336,8 @@ def switch(root: Path) -> str:
         k = int((r.state_acc_3x < SOLVED).sum())
         rows.append([name, len(r), per_seed(r.state_acc_3x), f"{k} of {len(r)}",
                      f"{100 * _failure_bound(k, len(r)):.0f} %", pct(r.recall_acc_3x.min())])
-    return _table(["switch step", "seeds", "state at 3x, each seed", f"runs below {100 * SOLVED:.0f} %",
-                   "95 % upper bound on the failure rate", "lowest recall at 3x"], rows)
+    return _table(["switch step", "seeds", "state at 3x, each seed (all positions)", f"runs below {100 * SOLVED:.0f} %",
+                   "95 % upper bound on the failure rate", "lowest recall at 3x (all positions)"], rows)
 
 
 def _paired_test(d: np.ndarray, family: int) -> str:

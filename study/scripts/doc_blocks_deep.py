@@ -62,9 +62,9 @@ def deep(root: Path) -> str:
             tests.append((variant, base, r4.state_acc_3x.to_numpy(), r2.state_acc_3x.to_numpy()))
     if not rows:
         return "No run of `study/sweeps/deep.toml` is committed yet."
-    table = _table(["variant", "seeds", "state at 3x, each seed", "mean [95 % t-CI]",
+    table = _table(["variant", "seeds", "state at 3x, each seed (all positions)", "mean [95 % t-CI]",
                     f"seeds below {100 * DEEP_CLIFF:.0f} % at 3x", f"seeds ≥ {100 * SOLVED:.0f} % at 3x",
-                    "state at 16x, each seed", "lowest recall at 16x"], rows)
+                    "state at 16x, each seed (all positions)", "lowest recall at 16x (all positions)"], rows)
     return table + ("\n\n" + _depth_effect(tests) if tests else "")
 
 
@@ -128,8 +128,9 @@ def deep_screen(root: Path) -> str:
             continue
         rows.append([f"`{variant}`", change, len(r), per_seed(r.state_acc_3x), per_seed(_col(r, "state_acc_16x")),
                      pct(_col(r, "recall_acc_16x").min()), _screen_verdict(r.set_index("seed").state_acc_3x)])
-    return _table(["variant", "change from point 1", "seeds", "state at 3x, each seed", "state at 16x, each seed",
-                   "lowest recall at 16x", "screen"], rows)
+    return _table(["variant", "change from point 1", "seeds", "state at 3x, each seed (all positions)",
+                   "state at 16x, each seed (all positions)",
+                   "lowest recall at 16x (all positions)", "screen"], rows)
 
 
 BLOCKS = {"deep": deep, "deep-screen": deep_screen}

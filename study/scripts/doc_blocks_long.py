@@ -63,7 +63,7 @@ def long_readme(root: Path) -> str:
     for name, r in models:
         holds = [f"{int(_holds(r, f, HOLDS).sum())} of {len(r)}" if f"state_acc_{f}x" in r else "–" for f in FACTORS]
         rows.append([name, len(r), *holds, per_seed(_col(r, "state_acc_16x")), pct(_col(r, "all_seq_acc_16x").mean())])
-    return _table(["model", "seeds", *[f"{f}x" for f in FACTORS], "state at 16x, each seed",
+    return _table(["model", "seeds", *[f"{f}x" for f in FACTORS], "state at 16x, each seed (all positions)",
                    "exact match at 16x"], rows)
 
 
@@ -149,8 +149,9 @@ def recipe(root: Path) -> str:
                          f"{min_adjusted_text('pairs', moved)})" if can_reach("pairs", moved)
                          else descriptive("pairs", moved))
                 tests.append(text)
-    table = _table(["model", "which", "seeds", "state at 4x, each seed", "state at 16x, each seed",
-                    "lowest recall at 16x", "seeds meeting the target"], rows)
+    table = _table(["model", "which", "seeds", "state at 4x, each seed (all positions)",
+                    "state at 16x, each seed (all positions)",
+                    "lowest recall at 16x (all positions)", "seeds meeting the target"], rows)
     return table + ("\n\n" + "; ".join(tests) + "." if tests else "")
 
 
