@@ -4,7 +4,7 @@ Usage: ``python study/scripts/realstep_lookahead.py RUN [RUN ...] [--steps 250 3
 [--work DIR] [--out study/results/gradients/realstep]``. Each RUN is a run folder whose ``trajectory/`` holds
 snapshots written with ``train.traj_optimizer=true`` (``study/sweeps/realstep.toml`` trains such runs). For each
 snapshot at ``--steps`` (default every 50 steps over 250-1500, where the early-cut grid places the counter's
-forming: ``rnn0-until250`` fails 2 of 5 seeds, ``rnn0-until1000`` holds 5 of 5):
+forming: ``rnn0-until250`` fails 2 of 5 seeds, ``rnn0-until1000`` holds 5 of 5), ``real_step_report`` measures:
 
 - the real step (``measure_real_step`` at its defaults): AdamW's next update from the snapshot's own optimizer
   state, split into attention's part, the recurrent part, the carried momentum and the weight decay, each stepped
@@ -17,7 +17,8 @@ forming: ``rnn0-until250`` fails 2 of 5 seeds, ``rnn0-until1000`` holds 5 of 5):
 Its checks, per snapshot: the parts sum to the update (an identity); the matched random has the norm and projection
 asked for; the kept rollout's first step is the computed update (``realstep_matches_adamw``: fails if the batch,
 learning rate, clipping, moments or bias correction are not the run's) and its last weights are the run's own
-snapshot ``--rollout`` steps later, bit for bit (``rollout_reproduces_run``); per window, a verdict that attention's
+snapshot ``--rollout`` steps later, bit for bit (``rollout_reproduces_run``, only where the trajectory holds that
+snapshot; without it the row is left out and ``rollout_reproduced`` is empty); per window, a verdict that attention's
 part raises or lowers the loss must exceed the matched random's change (``realstep_vs_matched_random``, a control).
 Every snapshot's rows go to ``--work/<run>/step_XXXXXX.json`` (a rerun skips those), and after each snapshot the
 script rewrites in ``--out``: ``realstep.csv`` (per run, step, part and target), ``verdicts.csv`` (per run, step and
@@ -34,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -45,11 +45,8 @@ import torch
 from probe.checkpoint import load_checkpoint
 from probe.core.meta import checkpoint_meta
 from probe.core.progress import progress_iter
-from probe.core.rows import threshold_row
 from probe.errors import ProbeError
-from probe.gradients.decomposition import lstm_parameter_names
-from probe.gradients.realstep import RealStepConfig, controls, measure_real_step, rollout_rows, verdicts
-from probe.training.rollout import continue_run, weight_difference
+from probe.gradients.realstep import RealStepConfig, real_step_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from dense_lookahead import snapshot_jobs  # noqa: E402  (beside this file)
@@ -57,9 +54,6 @@ from dense_lookahead import snapshot_jobs  # noqa: E402  (beside this file)
 STUDY = Path(__file__).resolve().parent.parent
 STEPS = list(range(250, 1501, 50))
 ROLLOUT = 50
-ADAMW_TOL = 1e-3
-"""|first step of the kept rollout - computed update| / |update|: float32 (and a fused kernel's) rounding against
-the float64 update; a wrong batch, lr, clip or moment misses by order 1."""
 META = ["variant", "seed", "step"]
 REALSTEP_COLUMNS = META + ["part", "loss", "positions", "step_norm", "fraction_of_update", "dL", "dL_se", "z",
                            "dL_first", "dL_first_se", "vs_matched", "vs_matched_se", "vs_matched_z", "loss_before",
@@ -72,50 +66,19 @@ ROLLOUT_COLUMNS = META + ["loss", "positions", "loss_kept", "loss_cut", "cut_min
                           "cut_minus_kept_z", "rollout_steps"]
 
 
-def outcome(z: float) -> str:
-    """The rollout's reading of one target: what removing attention's path for the rollout's steps did to it."""
-    if math.isnan(z):
-        return "not measured"
-    return ("cut lowers the loss" if z < -2 else "cut raises the loss" if z > 2 else "no difference detected")
-
-
 def measure(snapshot: Path, cache: Path, rollout: int = ROLLOUT, cfg: RealStepConfig | None = None) -> dict:
-    """Every row and check of one snapshot, from ``cache`` when it is there."""
+    """Every row and check of one snapshot (``real_step_report``), from ``cache`` when it is there."""
     if cache.is_file():
         return json.loads(cache.read_text())
     ckpt = load_checkpoint(snapshot)
     meta = checkpoint_meta(ckpt)
     meta["variant"] = ckpt.variant
-    name = meta["checkpoint"]
-    rows, info = measure_real_step(ckpt, cfg)
-    verdict = verdicts(rows)
-    checks = controls(name, info, verdict)
-    kept, cut = continue_run(ckpt, rollout, "kept"), continue_run(ckpt, rollout, "cut")
-    names = lstm_parameter_names(kept.model)
-    first = torch.cat([(ckpt.state_dict[n].double() - kept.first_step[n].double()).flatten() for n in names])
-    full = info["step"].parts["full"].to(first)
-    checks.append(threshold_row(name, "realstep_matches_adamw", float((first - full).norm() / full.norm()),
-                                ADAMW_TOL, "|the kept rollout's first step (torch's AdamW) - the computed update| / "
-                                "|update|: fails if the batch, lr, clipping, moments or bias correction differ"))
-    later = snapshot.parent / f"step_{ckpt.step + rollout:06d}.pt"
-    diff = weight_difference(kept.model.state_dict(), load_checkpoint(later)) if later.is_file() else math.nan
-    checks.append(threshold_row(name, "rollout_reproduces_run", diff, 0.0,
-                                f"largest |weight| difference between the kept rollout and the run's own snapshot "
-                                f"{rollout} steps later (NaN: none there): fails if the rollout is not the run"))
-    roll = rollout_rows({"kept": kept.model, "cut": cut.model}, info["targets"]).assign(rollout_steps=rollout)
-    shares = rows[rows.positions == "<=L"].set_index("part").fraction_of_update
-    by_window = roll.set_index("positions")
-    verdict = verdict.assign(
-        moments=rows.moments.iloc[0], **{f"fraction_{p}": float(shares[p]) for p in ("rec", "momentum", "decay")},
-        rollout_cut_minus_kept=[float(by_window.cut_minus_kept[w]) for w in verdict.positions],
-        rollout_z=[float(by_window.cut_minus_kept_z[w]) for w in verdict.positions],
-        rollout_reproduced=bool(diff == 0.0))
-    verdict["rollout_outcome"] = verdict.rollout_z.map(outcome)
+    report = real_step_report(ckpt, cfg, rollout=rollout, name=meta["checkpoint"])
     keep = {k: meta[k] for k in ("checkpoint", "run", "variant", "seed", "step")}
-    obj = {"realstep": [{**keep, **r} for r in rows.to_dict("records")],
-           "verdicts": [{**keep, **r} for r in verdict.to_dict("records")],
-           "rollout": [{**keep, **r} for r in roll.to_dict("records")],
-           "controls": [{**keep, **c} for c in checks]}
+    obj = {"realstep": [{**keep, **r} for r in report.rows.to_dict("records")],
+           "verdicts": [{**keep, **r} for r in report.verdicts.to_dict("records")],
+           "rollout": [{**keep, **r} for r in report.rollout.to_dict("records")],
+           "controls": [{**keep, **c} for c in report.controls]}
     cache.parent.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, default=str))

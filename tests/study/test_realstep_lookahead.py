@@ -62,23 +62,29 @@ def test_the_script_measures_each_snapshot_once_with_its_checks(R, tmp_path, mon
     cfg = TrainConfig(steps=20, batch_size=8, eval_every=20, eval_samples=8, ckpt_every=20, traj_every=5, lr=3e-3,
                       warmup=5, traj_dtype="float32", traj_optimizer=True, schedule=ScheduleConfig())
     train(model_cfg, task, cfg, run, progress=False)
+    # step 20 is the run's last snapshot: its rollout has no later one to reproduce
     objs = [R.measure(run / "trajectory" / f"step_{s:06d}.pt", tmp_path / "work" / f"{s}.json", 5, SMALL)
-            for s in (5, 10)]
+            for s in (5, 10, 20)]
     R.collect(objs, tmp_path / "out")
     verdicts = pd.read_csv(tmp_path / "out" / "verdicts.csv")
     checks = pd.read_csv(tmp_path / "out" / "checks.csv")
-    assert list(verdicts.columns) == R.VERDICT_COLUMNS and sorted(set(verdicts.step)) == [5, 10]
-    assert set(verdicts.moments) == {"adamw-state"} and verdicts.rollout_reproduced.all()
+    assert list(verdicts.columns) == R.VERDICT_COLUMNS and sorted(set(verdicts.step)) == [5, 10, 20]
+    assert set(verdicts.moments) == {"adamw-state"} and verdicts.rollout_outcome.notna().all()
+    assert set(verdicts[verdicts.step < 20].rollout_reproduced) == {True}
+    assert verdicts[verdicts.step == 20].rollout_reproduced.isna().all()
     assert (verdicts.fraction_att > 0).all() and set(verdicts.positions) == {"(1x, 2x]", "(2x, 4x]"}
     passed = checks.set_index(["step", "control"]).passed
     for control in ("realstep_parts_sum", "realstep_matched_random", "realstep_matches_adamw",
                     "rollout_reproduces_run"):
         assert passed.xs(control, level="control").all(), control
+    assert set(checks[checks.control == "realstep_matches_adamw"].step) == {5, 10, 20}
+    # no later snapshot: the reproduction check is left out rather than written as a NaN that reads as failed
+    assert set(checks[checks.control == "rollout_reproduces_run"].step) == {5, 10}
     assert "realstep_vs_matched_random" in set(checks.control)
 
     def fail(*a, **k):
         raise AssertionError("a cached snapshot was measured again")
 
-    monkeypatch.setattr(R, "measure_real_step", fail)
+    monkeypatch.setattr(R, "real_step_report", fail)
     R.measure(run / "trajectory" / "step_000005.pt", tmp_path / "work" / "5.json", 5, SMALL)
     assert R.main([str(run), "--steps", "7", "--work", str(tmp_path / "w2"), "--out", str(tmp_path / "o2")]) == 2
