@@ -60,3 +60,30 @@ def run_hooked(model, x, hooks, api: str):
         return model(x)
     finally:
         model.reset_hooks()
+
+
+def assert_fused_matches_unrolled(cell, x: torch.Tensor, w: torch.Tensor, label: str, tol: float = 1e-4) -> None:
+    """An SSM cell run fused (the scan, the state read back from its output) and unrolled step by step on the same
+    input, each backpropagating ``(h * w).sum()``: its output, state, input gradient and every parameter's gradient
+    agree within ``tol`` of the unrolled tensor's largest value (at least 1e-2, for a gradient that is zero in exact
+    arithmetic). ``label`` heads each failure's message."""
+    results = []
+    for path in ("fused", "unrolled"):
+        xg = x.clone().requires_grad_()
+        cell.zero_grad()
+        if path == "fused":
+            out = cell.fused(xg)[0]
+            xi = cell.input_share(xg)
+            state = cell.read_out_states(xi, cell.gate_values(xi), out, {"state"})["state"]
+        else:
+            values = cell.unrolled(xg)
+            out, state = values["h"], values["state"]
+        (out * w).sum().backward()
+        grads = [xg.grad] + [p.grad.clone() for p in cell.parameters()]
+        results.append((out.detach(), state.detach(), grads))
+    (out_f, s_f, g_f), (out_u, s_u, g_u) = results
+    for fast, ref, what in [(out_f, out_u, "h"), (s_f, s_u, "state")] + [
+            (gf, gu, f"grad {k}") for k, (gf, gu) in enumerate(zip(g_f, g_u, strict=True))]:
+        scale = ref.abs().max().clamp(min=1e-2)
+        err = float((fast - ref).abs().max() / scale)
+        assert err < tol, f"{label} {what}: max error {err:.2e} of the scale {float(scale):.2e}"

@@ -12,7 +12,7 @@ from probe.errors import ProbeError
 from probe.models import HookedGRU, HookedLSTM, HookedSequenceModel, HookedSSM, ModelConfig
 from probe.models.ssm import MIN_LOG_MAGNITUDE, chunked_scan, linear_scan
 
-from conftest import run_hooked, set_at, tiny_model
+from conftest import assert_fused_matches_unrolled, run_hooked, set_at, tiny_model
 
 B, T, D = 3, 9, 16
 CELLS = [{"rnn": "gru"}, {"rnn": "ssm", "ssm_range": "positive"}, {"rnn": "ssm", "ssm_range": "negative"},
@@ -170,26 +170,7 @@ def test_ssm_chunked_scan_agrees_with_the_step_by_step_reference(kind, regime):
         if regime == "slow":
             assert a.abs().min() > 0.8
         w = torch.randn(2, t_len, 8, generator=torch.Generator().manual_seed(1000 + t_len))
-        results = []
-        for path in ("fused", "unrolled"):
-            xg = x.clone().requires_grad_()
-            cell.zero_grad()
-            if path == "fused":
-                out = cell.fused(xg)[0]
-                state = cell.read_out_states(cell.input_share(xg), cell.gate_values(cell.input_share(xg)), out,
-                                             {"state"})["state"]
-            else:
-                values = cell.unrolled(xg)
-                out, state = values["h"], values["state"]
-            (out * w).sum().backward()
-            grads = [xg.grad] + [p.grad.clone() for p in cell.parameters()]
-            results.append((out.detach(), state.detach(), grads))
-        (out_f, s_f, g_f), (out_u, s_u, g_u) = results
-        for fast, ref, what in [(out_f, out_u, "h"), (s_f, s_u, "state")] + [
-                (gf, gu, f"grad {k}") for k, (gf, gu) in enumerate(zip(g_f, g_u, strict=True))]:
-            scale = ref.abs().max().clamp(min=1e-2)
-            err = (fast - ref).abs().max() / scale
-            assert err < 1e-4, f"{kind} {regime} T={t_len} {what}: max error {err:.2e} of the scale {scale:.2e}"
+        assert_fused_matches_unrolled(cell, x, w, f"{kind} {regime} T={t_len}")
 
 
 def test_chunked_scan_keeps_a_state_through_padding_and_long_decays():

@@ -12,6 +12,8 @@ from probe.errors import ProbeError
 from probe.models import SSM_RANGES, HookedSSM, ModelConfig
 from probe.models.ssm import CLOSED_MARGIN, RANGES
 
+from conftest import assert_fused_matches_unrolled
+
 CLOSED = ["positive-closed", "negative-closed", "complex-closed"]
 KEEP, MOVE, START = 0, 1, 2
 """One-hot inputs of the hand-set cells: the identity, the transition under test (a flip, a rotation), and the token
@@ -188,8 +190,9 @@ def _spread(kind: str) -> HookedSSM:
 def test_the_fused_scan_agrees_with_the_step_by_step_path_on_the_closed_ranges(kind):
     """Forward (output and state) and every gradient, at lengths within a chunk and across many, on inputs that put
     some positions on the boundary (|a| == 1, and a == -1 for negative-closed) and others inside it. Tolerance as in
-    tests/test_cells.py's scan test: 1e-4 of the largest value (float32 rounding is ~1e-5 after 300 steps; a wrong
-    transition, sign or chunk boundary is off by O(1))."""
+    tests/test_cells.py's scan test (the same comparison, conftest's ``assert_fused_matches_unrolled``): 1e-4 of the
+    largest value (float32 rounding is ~1e-5 after 300 steps; a wrong transition, sign or chunk boundary is off by
+    O(1))."""
     cell = _spread(kind)
     for t_len in (1, 9, 64, 300):
         x = torch.randn(2, t_len, 8, generator=torch.Generator().manual_seed(t_len))
@@ -199,23 +202,7 @@ def test_the_fused_scan_agrees_with_the_step_by_step_path_on_the_closed_ranges(k
             if kind == "negative-closed":
                 assert bool((a == -1.0).any()) and bool((a == 1.0).any())
         w = torch.randn(2, t_len, 8, generator=torch.Generator().manual_seed(1000 + t_len))
-        results = []
-        for path in ("fused", "unrolled"):
-            xg = x.clone().requires_grad_()
-            cell.zero_grad()
-            if path == "fused":
-                out = cell.fused(xg)[0]
-                xi = cell.input_share(xg)
-                state = cell.read_out_states(xi, cell.gate_values(xi), out, {"state"})["state"]
-            else:
-                values = cell.unrolled(xg)
-                out, state = values["h"], values["state"]
-            (out * w).sum().backward()
-            results.append([out.detach(), state.detach(), xg.grad] + [p.grad.clone() for p in cell.parameters()])
-        for k, (fast, ref) in enumerate(zip(*results, strict=True)):
-            scale = ref.abs().max().clamp(min=1e-2)
-            err = float((fast - ref).abs().max() / scale)
-            assert err < 1e-4, f"{kind} T={t_len} tensor {k}: max error {err:.2e} of the scale {float(scale):.2e}"
+        assert_fused_matches_unrolled(cell, x, w, f"{kind} T={t_len}")
 
 
 def test_closed_margin_is_what_the_saturation_thresholds_are_computed_from():
