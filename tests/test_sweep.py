@@ -158,6 +158,15 @@ def test_dry_run_prints_runs_and_commands_and_runs_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+
+@pytest.mark.parametrize("report_flags", [["--compare", "a:b:c"], ["--compare", "a:b", "--target", "x>1"],
+                                          ["--target", "recipe"], ["--window", "(2x, 4x]"]])
+def test_bad_report_options_are_refused_before_anything_trains(tmp_path, capsys, report_flags):
+    out = tmp_path / "never"
+    assert main(["--preset", "lstm", "--seeds", "0", "--steps", "5", "--out", str(out), *report_flags]) == 2
+    assert capsys.readouterr().err.count("\n") == 1 and not out.exists()
+
+
 def test_ray_executor_without_ray_says_how_to_install_it(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now fails as if it were not installed
     assert main(["--preset", "lstm", "--seeds", "0", "--out", str(tmp_path), "--executor", "ray"]) == 2
@@ -418,6 +427,11 @@ def test_report_and_compare_work_on_the_compact_form_alone(local_sweep, tmp_path
     capsys.readouterr()
     assert main([str(compact), "--report", "--no-figure", "--out", str(report), "--target", "recipe"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
+    # --out naming the compact grid itself is a rewrite, which only --in-place asks for
+    before = {p.name: p.read_bytes() for p in compact.iterdir()}
+    assert main([str(compact), "--report", "--no-figure", "--out", str(compact)]) == 2
+    assert "--in-place" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in compact.iterdir()} == before
 
 
 def test_collect_runs_converts_losslessly_and_merges_a_grid_run_in_parts(local_sweep, tmp_path, capsys):

@@ -302,7 +302,7 @@ def test_target_comparison_counts_seeds_and_tests_only_what_can_reject():
     assert ab.p_fisher == pytest.approx(stats.fisher_exact([[10, 0], [0, 10]]).pvalue)
     # a-b met twice is one test: the family is 3 pairs; d-e (3 vs 3 seeds) cannot reach 0.05 and is not run,
     # so Holm adjusts over the 2 tests that were
-    assert set(rows.family) == {3} and ab.p_holm == pytest.approx(min(1, 2 * ab.p_fisher))
+    assert set(rows.family) == {3} and set(rows.n_tests) == {2} and ab.p_holm == pytest.approx(min(1, 2 * ab.p_fisher))
     assert rows.iloc[2].p_holm == ab.p_holm and "the rates differ" in ab.verdict
     cb = rows.iloc[1]
     assert cb.p_fisher == pytest.approx(stats.fisher_exact([[4, 6], [0, 10]]).pvalue) and cb.p_holm > 0.05
@@ -345,7 +345,10 @@ def test_bad_targets_are_one_line_errors(spec):
 
 
 def test_targets_parse_both_directions_and_unknown_metrics_are_named():
-    assert parse_target("a>=0.9, b<0.25") == {"a": (">=", 0.9), "b": ("<", 0.25)}
+    assert parse_target("a>=0.9, b<0.25") == [("a", ">=", 0.9), ("b", "<", 0.25)]
+    # two bounds on one metric are a range, both kept (a dict kept the last one only)
+    runs = pd.DataFrame({"variant": ["v"] * 3, "seed": [0, 1, 2], "x": [0.1, 0.25, 0.5]})
+    assert meets_target(runs, parse_target("x>=0.2,x<0.3")).tolist() == [False, True, False]
     with pytest.raises(ProbeError, match="state_win_32x_64x not in the runs' summaries"):
         meets_target(runs_frame({"a": [True]}), parse_target("state_win_32x_64x>=0.9"))
 
@@ -373,3 +376,22 @@ def test_window_figure_has_a_dot_per_seed_and_window_and_each_window_s_chance_fl
         floors = [c for c in ax.collections if type(c) is LineCollection and c.get_linestyle()[0][1] is not None]
         ys = {round(float(seg[0][1]), 4) for c in floors for seg in c.get_segments()}
         assert ys == {round(w[w.subtask == sub].chance.iloc[0], 4)}
+
+
+def test_window_panels_follow_the_grid_s_factors_and_windows_stand_in_order_of_position():
+    from probe.errors import ProbeError
+    from probe.sweep.aggregate import window_summary
+    from probe.sweep.plots import plot_windows, window_panels
+
+    rows = [{"variant": "v", "seed": s, "window": w, "lo": lo, "hi": hi, "beyond": lo > 0, "subtask": sub,
+             "token_acc": 0.5, "chance": 0.5}
+            for s in (0, 1) for sub in ("recall", "state_mod3", "state", "state_mod2")
+            # seed 0 lacks the middle window: first appearance would put (2x, 4x] before (1x, 2x]
+            for w, lo, hi in (("in range", 0, 6), ("(1x, 2x]", 6, 12), ("(2x, 4x]", 12, 24)) if (s, lo) != (0, 6)]
+    w = pd.DataFrame(rows)
+    assert window_panels(w) == ["state", "state_mod2", "state_mod3", "recall"]  # modulus 6 = 2 x 3
+    fig = plot_windows(w, window_summary(w))
+    labels = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    assert labels == ["in range", "(1x, 2x]", "(2x, 4x]"]
+    with pytest.raises(ProbeError, match="not scored per window"):
+        plot_windows(w, window_summary(w), subtasks=["state_mod7"])

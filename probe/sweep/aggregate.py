@@ -326,7 +326,8 @@ def write_report(report: SweepReport, out: str | Path, figure: bool = True) -> l
     if figure:
         save_figure(plot_sweep(report.curves, report.bands), out / FIGURE)
         paths.append(out / FIGURE)
-        if report.windows is not None and not report.windows.empty and report.grid is not None:
+        if report.windows is not None and not report.windows.empty and report.grid is not None \
+                and not report.grid.windows.empty:
             save_figure(plot_windows(report.grid.windows, report.windows), out / WINDOW_FIGURE)
             paths.append(out / WINDOW_FIGURE)
     return paths

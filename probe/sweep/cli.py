@@ -221,9 +221,13 @@ def report_folder(args: argparse.Namespace) -> tuple[Path, Path]:
         if args.target and args.out and Path(args.out) != source:
             raise ProbeError(f"--in-place writes the report into {source}; drop --out {args.out} or --in-place")
         return source, source
+    compact = not (has_run_folders(source) or any(p.is_dir() for p in source.glob("*/seed*")))
     if args.out:
+        if compact and Path(args.out).resolve() == source.resolve():
+            raise ProbeError(f"--out {args.out} is the compact grid being read: pass --in-place to rewrite its own "
+                             "files, or another --out")
         return source, Path(args.out)
-    if has_run_folders(source) or any(p.is_dir() for p in source.glob("*/seed*")):
+    if not compact or any(p.is_dir() for p in source.glob("*/seed*")):
         return source, source
     raise ProbeError(f"{source} is a compact grid (no run folders): --report writes its tables and figures to "
                      f"--out DIR; to rewrite {source}'s own files, pass --in-place")
@@ -231,8 +235,6 @@ def report_folder(args: argparse.Namespace) -> tuple[Path, Path]:
 
 def _report(args: argparse.Namespace, source: Path, out: Path | None = None) -> dict[str, Any]:
     out = out or source
-    if (args.window or args.target_spec) and not args.compare:
-        raise ProbeError("--window and --target go with --compare (the pairs or baselines they compare)")
     report = aggregate(source)
     text = markdown_table(report)
     if args.compare:
@@ -279,6 +281,12 @@ def main(argv: list[str] | None = None) -> int:
 
     def body(args: argparse.Namespace) -> dict[str, Any]:
         nonlocal failed
+        # the report's options are read before anything trains: a typo there must not wait for the whole grid
+        parse_compare(args.compare)
+        if args.target_spec:
+            parse_target(args.target_spec)
+        if (args.window or args.target_spec) and not args.compare:
+            raise ProbeError("--window and --target go with --compare (the pairs or baselines they compare)")
         if args.confirm:
             return _confirm(args)
         if args.no_train:

@@ -110,18 +110,23 @@ def _known(have: dict[str, Any] | Sequence[str], named: Sequence[str]) -> None:
                          f"have {', '.join(have)}")
 
 
-def parse_target(spec: str) -> dict[str, tuple[str, float]]:
+Bounds = list[tuple[str, str, float]]
+"""A target: (metric, ``>=`` or ``<``, value) bounds, every one of which a run must meet; a metric may have two
+(a range: ``x>=0.2,x<0.3``)."""
+
+
+def parse_target(spec: str) -> Bounds:
     """``--target``: ``METRIC>=X`` and ``METRIC<X`` bounds joined by commas, each a column of the runs' summaries
     (``state_win_2x_4x>=0.99,recall_win_8x_16x>=0.95``); ``recipe`` is the recipe's target (both subtasks >= 99 %
     in (2x, 4x] and >= 95 % in (8x, 16x])."""
     if spec.strip() == "recipe":
         spec = RECIPE_TARGET
-    bounds: dict[str, tuple[str, float]] = {}
+    bounds: Bounds = []
     for part in filter(None, (x.strip() for x in spec.split(","))):
         op = ">=" if ">=" in part else "<" if "<" in part else None
         metric, _, value = part.partition(op) if op else (part, "", "")
         try:
-            bounds[metric.strip()] = (op or "", float(value))
+            bounds.append((metric.strip(), op or "", float(value)))
         except ValueError:
             op = None
         if op is None or not metric.strip():
@@ -134,22 +139,22 @@ def parse_target(spec: str) -> dict[str, tuple[str, float]]:
 RECIPE_TARGET = "state_win_2x_4x>=0.99,recall_win_2x_4x>=0.99,state_win_8x_16x>=0.95,recall_win_8x_16x>=0.95"
 
 
-def meets_target(runs: pd.DataFrame, bounds: dict[str, tuple[str, float]]) -> pd.Series:
+def meets_target(runs: pd.DataFrame, bounds: Bounds) -> pd.Series:
     """Per run (index aligned with ``runs``): whether it meets every bound. A run missing a metric (evaluated
     too short for that window) is NaN, not a failure."""
-    missing = [m for m in bounds if m not in runs.columns]
+    missing = list(dict.fromkeys(m for m, _, _ in bounds if m not in runs.columns))
     if missing:
         raise ProbeError(f"--target: {', '.join(missing)} not in the runs' summaries; known windows: "
                          f"{', '.join(c for c in runs.columns if '_win_' in c) or 'none'}")
     ok, unknown = np.ones(len(runs), dtype=bool), np.zeros(len(runs), dtype=bool)
-    for metric, (op, x) in bounds.items():
+    for metric, op, x in bounds:
         values = runs[metric].astype(float).to_numpy()
         unknown |= np.isnan(values)
         ok &= values >= x if op == ">=" else values < x
     return pd.Series(np.where(unknown, None, ok), index=runs.index, dtype=object).where(~unknown, np.nan)
 
 
-def compare_target(runs: pd.DataFrame, pairs: Sequence[tuple[str, str]], bounds: dict[str, tuple[str, float]],
+def compare_target(runs: pd.DataFrame, pairs: Sequence[tuple[str, str]], bounds: Bounds,
                    alpha: float = ALPHA) -> pd.DataFrame:
     """Per (variant, baseline) pair: how many seeds of each meet the target (``meets_target``), each rate's exact
     (Clopper-Pearson) interval, the difference of the rates with Newcombe's hybrid-score interval, and Fisher's
@@ -169,7 +174,7 @@ def compare_target(runs: pd.DataFrame, pairs: Sequence[tuple[str, str]], bounds:
         lo_b, hi_b = clopper_pearson(k_b, n_b)
         d_lo, d_hi = newcombe_interval(k_a, n_a, k_b, n_b)
         rows.append({"row": "target_comparison", "checkpoint": None, "variant": variant, "baseline": base,
-                     "target": ",".join(f"{m}{op}{x:g}" for m, (op, x) in bounds.items()),
+                     "target": ",".join(f"{m}{op}{x:g}" for m, op, x in bounds),
                      "k": k_a, "n_seeds": n_a, "k_baseline": k_b, "n_seeds_baseline": n_b,
                      "rate": k_a / n_a if n_a else math.nan, "rate_ci_low": lo_a, "rate_ci_high": hi_a,
                      "rate_baseline": k_b / n_b if n_b else math.nan, "rate_baseline_ci_low": lo_b,
@@ -185,6 +190,7 @@ def compare_target(runs: pd.DataFrame, pairs: Sequence[tuple[str, str]], bounds:
     tested = frame.assign(_pair=pair)[frame.testable].drop_duplicates("_pair")  # a pair met twice is one test
     holm_p = dict(zip(tested._pair, holm(tested.p_fisher.to_numpy()), strict=True)) if len(tested) else {}
     frame["p_holm"] = [holm_p.get(k, math.nan) for k in pair]
+    frame["n_tests"] = len(tested)
     frame["verdict"] = [_target_verdict(r, alpha) for r in frame.itertuples()]
     return frame
 
@@ -230,8 +236,9 @@ def target_table(rows: pd.DataFrame) -> str:
     return "\n".join([f"Seeds meeting the target `{r0.target}` (a run meets it when every bound holds), per pair: "
                       "each rate with its exact (Clopper-Pearson) 95 % interval, the difference of rates with "
                       "Newcombe's hybrid-score 95 % interval, Fisher's exact two-sided p, and Holm over the "
-                      f"{int(r0.family)} pairs (a pair whose seeds cannot reach adjusted p < {ALPHA} is "
-                      "descriptive; min. p: Fisher's smallest p for those seed counts).", "",
+                      f"{int(r0.n_tests)} tests run of a family of {int(r0.family)} pairs (a pair whose seeds cannot "
+                      f"reach adjusted p < {ALPHA} in that family is descriptive, not run; min. p: Fisher's smallest "
+                      "p for those seed counts).", "",
                       pipe_table(head, cells)]) + "\n"
 
 

@@ -49,21 +49,30 @@ def plot_sweep(curves: pd.DataFrame, bands: pd.DataFrame, subtasks: Sequence[str
     return fig
 
 
-WINDOW_SUBTASKS = ("state", "state_mod2", "state_mod5", "recall")
-"""The panels of the window figure, where the grid has them: the state, its factors (parity, mod 5), recall."""
+def window_panels(windows: pd.DataFrame) -> list[str]:
+    """The window figure's panels, in reading order: the state, each factor of its modulus (``state_mod2``,
+    ``state_mod5``, ... as the grid scored them), recall; then any other subtask."""
+    have = list(dict.fromkeys(windows.subtask))
+    factors = sorted((x for x in have if x.startswith("state_mod")), key=lambda x: int(x.removeprefix("state_mod")))
+    first = [x for x in ("state", *factors, "recall") if x in have]
+    return first + [x for x in have if x not in first]
 
 
-def plot_windows(windows: pd.DataFrame, summary: pd.DataFrame, subtasks: Sequence[str] = WINDOW_SUBTASKS) -> Figure:
-    """One panel per subtask (the state, each factor of the modulus, recall): per variant and window of stream
-    positions, every seed's token accuracy (a dot) and the mean over seeds with its 95 % t-interval (a bar), and the
-    window's chance floor (dashed). ``windows`` is a grid's per-run window table (``Grid.windows``), ``summary``
-    its ``window_summary``."""
+def plot_windows(windows: pd.DataFrame, summary: pd.DataFrame, subtasks: Sequence[str] | None = None) -> Figure:
+    """One panel per subtask (the state, each factor of the modulus, recall: ``window_panels``): per variant and
+    window of stream positions, every seed's token accuracy (a dot) and the mean over seeds with its 95 %
+    t-interval (a bar), and the window's chance floor (dashed). Windows stand in order of position. ``windows`` is
+    a grid's per-run window table (``Grid.windows``), ``summary`` its ``window_summary``."""
     import matplotlib.pyplot as plt
     import seaborn as sns
 
+    from probe.errors import ProbeError
+
     sns.set_theme(style="whitegrid", context="paper")
-    present = [s for s in subtasks if (windows.subtask == s).any()]
-    order = list(dict.fromkeys(windows.window))
+    present = [x for x in (subtasks or window_panels(windows)) if (windows.subtask == x).any()]
+    if not present:
+        raise ProbeError("no window to plot: the runs were not scored per window of positions")
+    order = list(windows.sort_values(["lo", "hi"]).window.drop_duplicates())
     variants = list(dict.fromkeys(windows.variant))
     colors = dict(zip(variants, sns.color_palette("tab10", len(variants)), strict=True))
     ncols = min(2, len(present))
@@ -91,10 +100,11 @@ def plot_windows(windows: pd.DataFrame, summary: pd.DataFrame, subtasks: Sequenc
                   colors="0.3", linestyles="dashed", lw=0.9, label="chance")
         ax.set_xticks(range(len(order)), order, fontsize=7)
         ax.set(title=subtask, xlabel="window of stream positions", ylabel="token accuracy", ylim=(-0.02, 1.02))
-    axes[0][0].legend(fontsize=6, loc="lower left", ncols=2)
+    handles, labels = axes[0][0].get_legend_handles_labels()
     fig.suptitle("Token accuracy per window of positions — dots: each seed; bars: mean over seeds with its 95 % "
                  "t-interval; dashed: chance", fontsize=8)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06 + 0.02 * (len(labels) // 5), 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncols=min(5, len(labels)), fontsize=7, frameon=False)
     return fig
 
 
