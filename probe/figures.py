@@ -211,6 +211,16 @@ def _recurrence(i: Inputs) -> Figure:
     return plot_by_cell(curves, _bands(curves, list(dict.fromkeys(curves.variant))))
 
 
+def _fresh_windows(i: Inputs) -> Figure:
+    from probe.sweep.aggregate import aggregate
+    from probe.sweep.plots import plot_windows
+
+    report = aggregate(i.results / "fresh")
+    if report.grid is None or report.grid.windows.empty:
+        raise ProbeError(f"{i.results / 'fresh'}: its runs were not scored per window of positions")
+    return plot_windows(report.grid.windows, report.windows)
+
+
 def _grad_training(i: Inputs) -> Figure:
     from probe.gradients import plot_over_training
 
@@ -282,6 +292,13 @@ FIGURES: list[FigureSpec] = [
                "LSTM and the mechanism grid's joint and DAT hybrids, evaluated to 4x only.",
                "python -m probe.sweep {results}/recurrent --report --out runs/recurrent-report",
                "{results}/{recurrent,reproduction,mechanism}/", _recurrence, needs="recurrent"),
+    FigureSpec("fresh_by_window",
+               "The metric of record on fresh seeds (10-19, never used to find a claim): token accuracy per window of "
+               "stream positions (in range, then (1x, 2x] ... (8x, 16x] of L_train = 25) for the four headline "
+               "presets, each in bf16 and fp32; one panel for the state, one for each factor of Z_10 (parity, mod 5) "
+               "and one for recall; dots: each seed; bars: mean over seeds with its 95% t-interval; dashed: chance.",
+               "python -m probe.sweep {results}/fresh --report --out runs/fresh-report",
+               "{results}/fresh/", _fresh_windows, needs="fresh"),
     FigureSpec("gradient_interference",
                "Gradient interference over training, joint vs DAT (the shipped trajectories): |g_att|/|g| and "
                "the cosines of the attention-path gradient on the LSTM weights with the recurrent-path gradient of "

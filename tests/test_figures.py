@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -186,6 +187,19 @@ def test_recurrence_figure_is_drawn_from_its_grid_and_refused_without_it(shipped
     assert main(["--checkpoints", str(shipped), "--results", str(results), "--out", str(out),
                  "--only", "which_recurrence", "--small", "--quiet"]) == 0
     assert (out / "which_recurrence.png").stat().st_size > 10_000
+
+
+def test_fresh_window_figure_is_drawn_from_the_committed_grid_and_refused_without_it(shipped, tmp_path, capsys):
+    out = tmp_path / "figs"
+    assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
+                 "--only", "fresh_by_window", "--small"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "fresh" in err and not out.exists()
+    results = tmp_path / "results"
+    shutil.copytree(Path(__file__).resolve().parents[1] / "study" / "results" / "fresh", results / "fresh")
+    assert main(["--checkpoints", str(shipped), "--results", str(results), "--out", str(out),
+                 "--only", "fresh_by_window", "--small", "--quiet"]) == 0
+    assert (out / "fresh_by_window.png").stat().st_size > 10_000
 
 
 def test_cell_and_schedule_parse_the_recurrent_grid_s_variant_names():
