@@ -104,8 +104,11 @@ def can_reach(design: str, n: int, m: int | None = None, family: int = 1) -> boo
 
 
 def min_adjusted_text(design: str, n: int, m: int | None = None, family: int = 1) -> str:
-    """``"27 × 6.7e-04 = 0.018"``: the family size, the design's smallest p and their product, as a table cell."""
-    return f"{family} × {p_text(design_min_p(design, n, m))} = {p_text(min_adjusted(design, n, m, family))}"
+    """``"27 × 6.7e-04 = 0.018"``: the family size, the design's smallest p and their product, as a table cell. The
+    design's p keeps two significant digits (2/924 is 0.0022, not 0.002: the cell must let a reader recompute it)."""
+    p_min = design_min_p(design, n, m)
+    shown = f"{p_min:.2g}" if 0.001 <= p_min < 0.01 else p_text(p_min)
+    return f"{family} × {shown} = {p_text(min_adjusted(design, n, m, family))}"
 
 
 def design_text(design: str, n: int, m: int | None = None) -> str:
