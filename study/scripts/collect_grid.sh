@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Bring a grid's finished runs into study/results/NAME and everything that quotes them up to date, so that each
+# finished run can be committed as it lands (a grid outlives a session only through what is committed):
+#   1. the runs in compact form (python -m probe.results collect runs/NAME study/results/NAME), windows included;
+#   2. the grid's own tables (python -m probe.sweep study/results/NAME --report --no-figure --in-place);
+#   3. for the fresh grid, the pre-registered claims judged on it (probe.sweep --confirm study/claims.toml) and its
+#      figure (probe.figures --only fresh_by_window);
+#   4. every rendered table of README.md, docs/ and study/docs/ (study/scripts/render_docs.py);
+#   5. the size budget of study/results/ (tests/study/test_results_size.py) and the reachable-p rule.
+# It reads the run folders only: a sweep still training in runs/NAME goes on undisturbed. Nothing is committed.
+# Usage: study/scripts/collect_grid.sh NAME [RUNS_DIR]   (RUNS_DIR default runs/NAME)
+set -euo pipefail
+cd "$(dirname "$0")/../.."  # the repository root
+PY=${PYTHON:-$PWD/.venv/bin/python}
+export MPLBACKEND=Agg MPLCONFIGDIR=${MPLCONFIGDIR:-$(mktemp -d)}
+name=${1:?usage: study/scripts/collect_grid.sh NAME [RUNS_DIR]}
+runs=${2:-runs/$name}
+out=study/results/$name
+[ -d "$runs" ] || { echo "$runs: no such run folder (give RUNS_DIR)" >&2; exit 2; }
+
+$PY -m probe.results collect "$runs" "$out" --no-progress
+$PY -m probe.sweep "$out" --report --no-figure --in-place >/dev/null
+if [ "$name" = fresh ]; then
+  # relative paths: claims.md names the grid as the docs link it
+  $PY -m probe.sweep --confirm study/claims.toml --out "$out" --no-train >/dev/null
+  $PY -m probe.figures --results study/results --out figures --only fresh_by_window --quiet
+fi
+rm -f "$out/results.json" "$out/claims.json"  # the tables are committed as results.md and claims.md
+$PY study/scripts/render_docs.py
+$PY -m pytest -q -p no:cacheprovider tests/study/test_results_size.py tests/study/test_reachable_p.py \
+  tests/study/test_docs.py
+git status --short -- "$out" figures README.md docs study/docs study/README.md
