@@ -173,33 +173,24 @@ def _tiny_recurrent_grid(root):
     return root
 
 
-def test_recurrence_figure_is_drawn_from_its_grid_and_refused_without_it(shipped, tmp_path, capsys):
+@pytest.mark.parametrize("figure, grid", [("which_recurrence", "recurrent"), ("fresh_by_window", "fresh")])
+def test_a_grid_figure_is_drawn_from_its_grid_and_refused_without_it(figure, grid, shipped, tmp_path, capsys):
     out = tmp_path / "figs"
-    assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
-                 "--only", "which_recurrence", "--small"]) == 2
+    base = ["--checkpoints", str(shipped), "--out", str(out), "--only", figure, "--small"]
+    assert main([*base, "--results", str(tmp_path)]) == 2  # a results folder without the grid
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "recurrent" in err and not out.exists()
+    assert err.count("\n") == 1 and f"{tmp_path / grid}/" in err and not out.exists()
     # without --results (the default) nothing is read from a results folder: the grid figure says what it needs
-    assert main(["--checkpoints", str(shipped), "--out", str(out), "--only", "which_recurrence", "--small"]) == 2
+    assert main(base) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--results recurrent/" in err and not out.exists()
-    results = _tiny_recurrent_grid(tmp_path / "results")
-    assert main(["--checkpoints", str(shipped), "--results", str(results), "--out", str(out),
-                 "--only", "which_recurrence", "--small", "--quiet"]) == 0
-    assert (out / "which_recurrence.png").stat().st_size > 10_000
-
-
-def test_fresh_window_figure_is_drawn_from_the_committed_grid_and_refused_without_it(shipped, tmp_path, capsys):
-    out = tmp_path / "figs"
-    assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
-                 "--only", "fresh_by_window", "--small"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "fresh" in err and not out.exists()
-    results = tmp_path / "results"
-    shutil.copytree(Path(__file__).resolve().parents[1] / "study" / "results" / "fresh", results / "fresh")
-    assert main(["--checkpoints", str(shipped), "--results", str(results), "--out", str(out),
-                 "--only", "fresh_by_window", "--small", "--quiet"]) == 0
-    assert (out / "fresh_by_window.png").stat().st_size > 10_000
+    assert err.count("\n") == 1 and f"--results {grid}/" in err and not out.exists()
+    if grid == "recurrent":
+        results = _tiny_recurrent_grid(tmp_path / "results")
+    else:
+        results = tmp_path / "results"
+        shutil.copytree(Path(__file__).resolve().parents[1] / "study" / "results" / grid, results / grid)
+    assert main([*base, "--results", str(results), "--quiet"]) == 0
+    assert (out / f"{figure}.png").stat().st_size > 10_000
 
 
 def test_cell_and_schedule_parse_the_recurrent_grid_s_variant_names():

@@ -36,6 +36,7 @@ from probe.sweep.compare import (
     compare,
     compare_target,
     comparison_table,
+    expand_pairs,
     parse_compare,
     parse_target,
     plot_seed_dots,
@@ -248,8 +249,8 @@ def _report(args: argparse.Namespace, source: Path, out: Path | None = None) -> 
         text += "\n" + comparison_table(comparison)
         if args.target_spec:
             runs = report.grid.runs
-            pairs = pairs or [(v, b) for b in baselines for v in dict.fromkeys(runs.variant) if v != b]
-            by_target = compare_target(runs, pairs, parse_target(args.target_spec))
+            by_target = compare_target(runs, expand_pairs(runs.variant, baselines, pairs),
+                                       parse_target(args.target_spec))
             report.result["results"] += tidy(by_target.to_dict("records"))
             text += "\n" + target_table(by_target)
     out.mkdir(parents=True, exist_ok=True)

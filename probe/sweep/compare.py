@@ -45,6 +45,13 @@ def parse_compare(items: Sequence[str]) -> tuple[list[str], list[tuple[str, str]
     return baselines, pairs
 
 
+def expand_pairs(variants: Sequence[str], baselines: Sequence[str],
+                 pairs: Sequence[tuple[str, str]] = ()) -> list[tuple[str, str]]:
+    """The (variant, baseline) pairs a ``--compare`` names: ``pairs`` as given, else every variant against each of
+    ``baselines``, in the order the variants come."""
+    return list(pairs) or [(v, b) for b in baselines for v in dict.fromkeys(variants) if v != b]
+
+
 def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "state", factor: int = 3,
             windows: pd.DataFrame | None = None, window: str | None = None,
             pairs: Sequence[tuple[str, str]] = ()) -> pd.DataFrame:
@@ -67,7 +74,7 @@ def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "stat
         at = curves[(curves.subtask == subtask) & (curves.length == factor * curves.train_length)]
     per_seed = {v: g.set_index("seed").token_acc.dropna() for v, g in at.groupby("variant", sort=False)}
     _known(per_seed, [*baselines, *(v for pair in pairs for v in pair)])
-    pairs = list(pairs) or [(v, b) for b in baselines for v in per_seed if v != b]
+    pairs = expand_pairs(list(per_seed), baselines, pairs)
     rows: list[dict[str, Any]] = []
     for variant, base in pairs:
         ref, values = per_seed[base], per_seed[variant]

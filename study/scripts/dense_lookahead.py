@@ -49,7 +49,7 @@ VERDICT_COLUMNS = ["variant", "schedule", "seed", "step", "gate", "verdict", "ba
                    "z_vs_random_beyond_L", "z_att_vs_rec_beyond_L"]
 
 
-def _round(df: pd.DataFrame) -> pd.DataFrame:
+def round4(df: pd.DataFrame) -> pd.DataFrame:
     """Floats to 4 significant digits: the committed CSVs stay small, and no reading here needs more."""
     out = df.copy()
     for col in out.columns:
@@ -58,18 +58,24 @@ def _round(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def cached(cache: Path, compute: Callable[[], dict]) -> dict:
+    """``compute()``'s JSON object, written once to ``cache`` and read back from it on every later call."""
+    if not cache.is_file():
+        obj = compute()
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps(obj, default=str))
+        tmp.replace(cache)  # a killed run leaves no half-written cache
+    return json.loads(cache.read_text())  # the same object a rerun reads
+
+
 def measure(snapshot: Path, cache: Path, **kwargs: Any) -> dict:
     """The lookahead's rows and checks for one snapshot (``analyze_checkpoint``'s defaults unless ``kwargs`` say
     otherwise), from ``cache`` when it is there."""
-    if cache.is_file():
-        return json.loads(cache.read_text())
-    report = analyze_checkpoint(load_checkpoint(snapshot), **kwargs)
-    obj = {"results": report.rows(), "controls": report.controls}
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, default=str))
-    tmp.replace(cache)  # a killed run leaves no half-written cache
-    return json.loads(cache.read_text())  # the same object a rerun reads
+    def compute() -> dict:
+        report = analyze_checkpoint(load_checkpoint(snapshot), **kwargs)
+        return {"results": report.rows(), "controls": report.controls}
+    return cached(cache, compute)
 
 
 def measure_builtin(cache: Path) -> dict:
@@ -95,9 +101,9 @@ def collect(objs: list[dict], out: Path) -> None:
     key = ["variant", "seed", "step"]
     for df in (la, verdicts, checks):
         df[["seed", "step"]] = df[["seed", "step"]].astype("Int64")  # the run-wide checks have none
-    _round(la).sort_values(key + ["step_scale", "loss", "positions", "part"]).to_csv(out / "lookahead.csv", index=False)
-    _round(verdicts).sort_values(key).to_csv(out / "verdicts.csv", index=False)
-    _round(checks).sort_values(key + ["control"], na_position="first").to_csv(out / "checks.csv", index=False)
+    round4(la).sort_values(key + ["step_scale", "loss", "positions", "part"]).to_csv(out / "lookahead.csv", index=False)
+    round4(verdicts).sort_values(key).to_csv(out / "verdicts.csv", index=False)
+    round4(checks).sort_values(key + ["control"], na_position="first").to_csv(out / "checks.csv", index=False)
 
 
 def snapshot_jobs(roots: list[Path], steps: list[int], snapshot: Callable[[Path, int], Path],
@@ -124,21 +130,30 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=STUDY / "results" / "gradients" / "dense")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
+    return measure_snapshots(
+        lambda: snapshot_jobs(args.folders, args.steps, lambda f, step: f / f"step_{step:06d}.pt",
+                              lambda f, step: args.work / f.name / f"step_{step:06d}.json",
+                              "write the folder with python -m probe.retrain --steps covering it"),
+        measure, collect, args.out, first=lambda: [measure_builtin(args.work / "builtin.json")])
+
+
+def measure_snapshots(jobs: Callable[[], list[tuple[Path, Path]]], measure_one: Callable[[Path, Path], dict],
+                      collect_all: Callable[[list[dict], Path], None], out: Path,
+                      first: Callable[[], list[dict]] = list) -> int:
+    """The scripts' main loop: every ``(snapshot, cache)`` of ``jobs()`` measured in turn, and the CSVs in ``out``
+    rewritten after each, so a run cut short leaves every finished snapshot collected. Bad input: one line, 2."""
     try:
-        jobs = snapshot_jobs(args.folders, args.steps, lambda f, step: f / f"step_{step:06d}.pt",
-                             lambda f, step: args.work / f.name / f"step_{step:06d}.json",
-                             "write the folder with python -m probe.retrain --steps covering it")
-        objs = [measure_builtin(args.work / "builtin.json")]
-        for snap, cache in progress_iter(jobs, "snapshots", True):
-            objs.append(measure(snap, cache))
-            collect(objs, args.out)
+        pending = jobs()
+        objs = first()
+        for snap, cache in progress_iter(pending, "snapshots", True):
+            objs.append(measure_one(snap, cache))
+            collect_all(objs, out)
     except ProbeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    failed = pd.read_csv(args.out / "checks.csv").query("passed == False")
-    print(f"{len(objs)} snapshots into {args.out}; checks failed: {len(failed)}", file=sys.stderr)
+    failed = pd.read_csv(out / "checks.csv").query("passed == False")
+    print(f"{len(objs)} snapshots into {out}; checks failed: {len(failed)}", file=sys.stderr)
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

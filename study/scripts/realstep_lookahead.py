@@ -34,7 +34,6 @@ verdict that passes its control, and the rollout's ``cut - kept`` change with it
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -44,12 +43,10 @@ import torch
 
 from probe.checkpoint import load_checkpoint
 from probe.core.meta import checkpoint_meta
-from probe.core.progress import progress_iter
-from probe.errors import ProbeError
 from probe.gradients.realstep import RealStepConfig, real_step_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dense_lookahead import snapshot_jobs  # noqa: E402  (beside this file)
+from dense_lookahead import cached, measure_snapshots, round4, snapshot_jobs  # noqa: E402  (beside this file)
 
 STUDY = Path(__file__).resolve().parent.parent
 STEPS = list(range(250, 1501, 50))
@@ -68,31 +65,17 @@ ROLLOUT_COLUMNS = META + ["loss", "positions", "loss_kept", "loss_cut", "cut_min
 
 def measure(snapshot: Path, cache: Path, rollout: int = ROLLOUT, cfg: RealStepConfig | None = None) -> dict:
     """Every row and check of one snapshot (``real_step_report``), from ``cache`` when it is there."""
-    if cache.is_file():
-        return json.loads(cache.read_text())
-    ckpt = load_checkpoint(snapshot)
-    meta = checkpoint_meta(ckpt)
-    meta["variant"] = ckpt.variant
-    report = real_step_report(ckpt, cfg, rollout=rollout, name=meta["checkpoint"])
-    keep = {k: meta[k] for k in ("checkpoint", "run", "variant", "seed", "step")}
-    obj = {"realstep": [{**keep, **r} for r in report.rows.to_dict("records")],
-           "verdicts": [{**keep, **r} for r in report.verdicts.to_dict("records")],
-           "rollout": [{**keep, **r} for r in report.rollout.to_dict("records")],
-           "controls": [{**keep, **c} for c in report.controls]}
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, default=str))
-    tmp.replace(cache)  # a killed run leaves no half-written cache
-    return json.loads(cache.read_text())
-
-
-def _round(df: pd.DataFrame) -> pd.DataFrame:
-    """Floats to 4 significant digits: the committed CSVs stay small, and no reading here needs more."""
-    out = df.copy()
-    for col in out.columns:
-        if pd.api.types.is_float_dtype(out[col]):
-            out[col] = out[col].map(lambda x: float(f"{x:.4g}") if pd.notna(x) else x)
-    return out
+    def compute() -> dict:
+        ckpt = load_checkpoint(snapshot)
+        meta = checkpoint_meta(ckpt)
+        meta["variant"] = ckpt.variant
+        report = real_step_report(ckpt, cfg, rollout=rollout, name=meta["checkpoint"])
+        keep = {k: meta[k] for k in ("checkpoint", "run", "variant", "seed", "step")}
+        return {"realstep": [{**keep, **r} for r in report.rows.to_dict("records")],
+                "verdicts": [{**keep, **r} for r in report.verdicts.to_dict("records")],
+                "rollout": [{**keep, **r} for r in report.rollout.to_dict("records")],
+                "controls": [{**keep, **c} for c in report.controls]}
+    return cached(cache, compute)
 
 
 def collect(objs: list[dict[str, Any]], out: Path) -> None:
@@ -102,7 +85,7 @@ def collect(objs: list[dict[str, Any]], out: Path) -> None:
     for key, columns in frames.items():
         rows = pd.DataFrame([r for o in objs for r in o["controls" if key == "checks" else key]])
         df = rows.reindex(columns=columns).sort_values(META, kind="stable")
-        _round(df).to_csv(out / f"{key}.csv", index=False)
+        round4(df).to_csv(out / f"{key}.csv", index=False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,22 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=STUDY / "results" / "gradients" / "realstep")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    try:
-        jobs = snapshot_jobs(args.runs, args.steps, lambda run, step: run / "trajectory" / f"step_{step:06d}.pt",
-                             lambda run, step: args.work / f"{run.parent.name}-{run.name}" / f"step_{step:06d}.json",
-                             "train the run with --set train.traj_every=50 --set train.traj_optimizer=true --set "
-                             "train.traj_dtype=float32")
-        objs = []
-        for snap, cache in progress_iter(jobs, "snapshots", True):
-            objs.append(measure(snap, cache, args.rollout))
-            collect(objs, args.out)
-    except ProbeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    failed = pd.read_csv(args.out / "checks.csv").query("passed == False")
-    print(f"{len(objs)} snapshots into {args.out}; checks failed: {len(failed)}", file=sys.stderr)
-    return 0
-
+    return measure_snapshots(
+        lambda: snapshot_jobs(args.runs, args.steps, lambda run, step: run / "trajectory" / f"step_{step:06d}.pt",
+                              lambda run, step: args.work / f"{run.parent.name}-{run.name}" / f"step_{step:06d}.json",
+                              "train the run with --set train.traj_every=50 --set train.traj_optimizer=true --set "
+                              "train.traj_dtype=float32"),
+        lambda snap, cache: measure(snap, cache, args.rollout), collect, args.out)
 
 if __name__ == "__main__":
     sys.exit(main())
