@@ -31,8 +31,9 @@ preset = "hybrid-joint"
 """
 
 
-def _files(tmp_path, claims: str):
-    (tmp_path / "sweep.toml").write_text(SWEEP)
+def _files(tmp_path, claims: str, seeds: list[int] | None = None):
+    sweep = SWEEP if seeds is None else SWEEP.replace("seeds = [3, 4]", f"seeds = {seeds}")
+    (tmp_path / "sweep.toml").write_text(sweep)
     (tmp_path / "claims.toml").write_text('sweep = "sweep.toml"\n' + claims)
     return tmp_path / "claims.toml"
 
@@ -116,3 +117,22 @@ seeds_needed = 1
     assert {r["claim"]: r["confirmed"] for r in again["results"]} == verdicts
     assert main(["--confirm", str(tmp_path / "none.toml"), "--out", str(out)]) == 2
     assert "no such claims file" in capsys.readouterr().err
+
+
+def test_a_comparison_is_confirmed_only_in_its_direction_and_quotes_the_difference_with_its_interval(tmp_path):
+    claims = load_claims(_files(tmp_path, """
+[[claim]]
+id = "lstm-beats-joint"
+variant = "lstm"
+versus = "joint"
+metric = "state_win_1x_2x"
+found_on = [0, 1]
+""", seeds=[3, 4, 5, 6, 7, 8]))  # six fresh seeds a side: the smallest one-sided exact p, 1/924, can reject
+    high, low = [0.99, 0.98, 0.97, 0.99, 0.96, 0.98], [0.30, 0.25, 0.40, 0.35, 0.20, 0.33]
+    row = judge(claims, _runs({"lstm": high, "joint": low}))[0]
+    assert row["confirmed"] is True and row["verdict"].startswith("confirmed: difference +")
+    assert 0.5 < row["difference_ci_low"] < row["difference"] < row["difference_ci_high"] < 0.8
+    # the reverse: a large effect against the claimed direction is not a confirmation, and the interval says which
+    row = judge(claims, _runs({"lstm": low, "joint": high}))[0]
+    assert row["confirmed"] is False and "no difference detected in the claimed direction" in row["verdict"]
+    assert row["difference_ci_high"] < -0.5 and "CI [-" in row["verdict"]

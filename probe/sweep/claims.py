@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from probe.core.stats import can_reject, clopper_pearson, holm, min_attainable_p, permutation_p
+from probe.core.stats import can_reject, clopper_pearson, holm, min_attainable_p, permutation_p, welch_interval
 from probe.core.tables import pipe_table
 from probe.errors import ProbeError
 from probe.sweep.config import SweepConfig, load_config, read_toml
@@ -201,8 +201,10 @@ def judge(claims: Claims, runs: pd.DataFrame) -> list[dict[str, Any]]:
         else:
             a = _values(runs, c.variant, have, c.metric).to_numpy()
             b = _values(runs, c.versus, have, c.metric).to_numpy()
+            diff = welch_interval(a, b)  # two-sided 95 %: the verdict quotes the size, not only the p
             row |= {"mean": float(np.mean(a)) if len(a) else math.nan,
                     "mean_versus": float(np.mean(b)) if len(b) else math.nan,
+                    "difference": diff.estimate, "difference_ci_low": diff.low, "difference_ci_high": diff.high,
                     "p_min_attainable": min_attainable_p(len(a), len(b), alternative=c.direction),
                     "family": len(comparisons),
                     "per_seed": " / ".join(f"{s}:{x:.3f}-{y:.3f}" for s, x, y in zip(have, a, b, strict=True))}
@@ -221,10 +223,18 @@ def judge(claims: Claims, runs: pd.DataFrame) -> list[dict[str, Any]]:
         if row["claim"] in adjusted:
             p, q = pvalues[row["claim"]], float(adjusted[row["claim"]])
             ok = q < claims.alpha
+            size = (f"difference {_points(row['difference'])} points, CI [{_points(row['difference_ci_low'])}, "
+                    f"{_points(row['difference_ci_high'])}]")
             row |= {"p_permutation": p, "p_holm": q, "confirmed": ok,
-                    "verdict": ("confirmed" if ok else "not confirmed: no difference detected")
-                    + f" (exact permutation p {p:.3g}, Holm {q:.3g} over {row['family']})"}
+                    "verdict": (f"confirmed: {size}" if ok else f"not confirmed: no difference detected in the claimed "
+                                                                  f"direction, {size}")
+                    + f" (one-sided exact permutation p {p:.3g}, Holm {q:.3g} over {row['family']})"}
     return rows
+
+
+def _points(x: float) -> str:
+    """A difference of accuracies (fractions) in signed percentage points, one decimal."""
+    return f"{100 * x:+.1f}" if math.isfinite(x) else "nan"
 
 
 def _seeds(seeds: Any) -> str:
