@@ -230,7 +230,9 @@ def read_run_folder(folder: Path, variant: str, seed: int,
             "schedule": tm.get("schedule"), "switch_step": tm.get("switch_step"), "eval_samples": _eval_samples(curve),
             "trained_on": trained_on or _logged_device(folder)}
     curve = curve.assign(variant=variant, seed=int(seed))
-    training = [{"variant": variant, "seed": int(seed), **r} for r in log]
+    # the evaluation lines only (each carries the loss): a gradient policy's per-step lines (the placebo's norms,
+    # one a step) would make training.csv thousands of lines a run; they stay in the run folder's metrics.jsonl
+    training = [{"variant": variant, "seed": int(seed), **r} for r in log if "loss" in r]
     return run_summary(variant, seed, curve, scores, meta), curve, training
 
 
@@ -472,7 +474,7 @@ def write_grid(grid: Grid, dst: str | Path) -> list[Path]:
     - ``curves.csv``: every run's accuracy at every evaluated length, ``variant, seed, length, subtask, n_tokens,
       correct, seq_acc``; token accuracy is ``correct / n_tokens``, so it reads back bit for bit;
     - ``training.csv``: every run's ``metrics.jsonl`` (evaluation during training), with ``variant, seed`` columns,
-      numbers to 6 significant digits;
+      numbers to 6 significant digits; the per-step lines a gradient policy adds are not read into it;
     - ``windows.csv`` (where the evaluation had windows): ``variant, seed, window, lo, hi, beyond, subtask, n_tokens,
       right, seq_acc, chance`` per run, window of stream positions and subtask (``state_mod{q}``: a factor of the
       modulus); token accuracy is ``right / n_tokens``. The run summaries carry the same accuracies as

@@ -5,6 +5,8 @@
 #   2. the grid's own tables (python -m probe.sweep study/results/NAME --report --no-figure --in-place);
 #   3. for the fresh grid, the pre-registered claims judged on it (probe.sweep --confirm study/claims.toml) and its
 #      figure (probe.figures --only fresh_by_window);
+#      for coadaptation2, the placebo's per-step cap log summarised per run (study/scripts/placebo_cap.py into
+#      study/results/NAME/placebo_cap.csv; collect keeps those lines out of training.csv);
 #   4. every rendered table of README.md, docs/ and study/docs/ (study/scripts/render_docs.py);
 #   5. the size budget of study/results/ (tests/study/test_results_size.py) and the reachable-p rule.
 # It reads the run folders only: a sweep still training in runs/NAME goes on undisturbed. Nothing is committed.
@@ -24,6 +26,9 @@ if [ "$name" = fresh ]; then
   # relative paths: claims.md names the grid as the docs link it
   $PY -m probe.sweep --confirm study/claims.toml --out "$out" --no-train >/dev/null
   $PY -m probe.figures --results study/results --out figures --only fresh_by_window --quiet
+fi
+if [ "$name" = coadaptation2 ]; then
+  $PY study/scripts/placebo_cap.py "$runs" "$out"
 fi
 rm -f "$out/results.json" "$out/claims.json"  # the tables are committed as results.md and claims.md
 $PY study/scripts/render_docs.py

@@ -1,9 +1,499 @@
 """The blocks of study/docs/mechanism.md that quote results/coadaptation2/ (sweeps/coadaptation2.toml: the controls
-that tell co-adaptation from "a mismatched injected gradient harms"): each a function of the committed results only."""
+that tell co-adaptation from "a mismatched injected gradient harms"): each a function of the committed results only.
+
+Co-adaptation, the reading under test: the joint hybrid's cliff comes from block 0's LSTM learning through an
+attention that is itself learning. The rules below were written, here and in study/docs/mechanism.md, before any run
+of the grid existed; the blocks apply them and nothing else (tests/study/test_doc_blocks_coadaptation.py checks that
+the two texts agree and that every verdict is reachable).
+
+Measures, per seed. Beyond range: the state's token accuracy at stream positions in (2x, 4x] (windows.csv, the
+metric of record). Fit: the state's token accuracy at 1x (length 25, every position in range) and the training loss
+at the last step (training.csv: the running mean the trainer logs at each evaluation).
+
+Comparisons. Difference of means over seeds with its Welch 95 % interval and the exact two-sided permutation p.
+Family B (state in (2x, 4x], 14 comparisons): `joint` against `stopgrad-rnn0`; each of `random-path`,
+`lagged-copy-50`, `lagged-copy-250`, `frozen-model-copy`, `frozen-copy` and `placebo` against `joint` and against
+`stopgrad-rnn0`; `lagged-copy-250` against `lagged-copy-50`. Family F (fit, 12 comparisons): each of those six
+against `stopgrad-rnn0` on the state at 1x and on the final training loss. Holm within each family at 0.05 over the
+comparisons run as tests. A comparison whose design cannot reach adjusted p < 0.05 (its smallest exact p times the
+family size) is shown descriptively and detects nothing. "Detectably below" ("above"): Holm-adjusted p < 0.05 with
+the difference below (above) 0.
+
+Decision rules (pre-registered):
+
+R1. Ends: a control is read only if `joint` is detectably below `stopgrad-rnn0` in (2x, 4x]. If that comparison
+cannot be tested at the seeds committed there is no verdict yet; if it is tested and not detected there is no
+verdict.
+
+R2. Fit: a variant fails to fit when its state at 1x is detectably below `stopgrad-rnn0`'s or its final training
+loss is detectably above it; it fits when neither is detected and both comparisons were tested; otherwise its fit is
+untested.
+
+R3. Beyond range: a variant harms when its state in (2x, 4x] is detectably below `stopgrad-rnn0`'s (like `joint`
+when no difference from `joint` is detected, more than `joint` when detectably below it, partly when detectably
+above it); it holds when it is detectably above `joint` and not detectably below `stopgrad-rnn0`; otherwise it is
+undecided at its seed counts (untested where a comparison it needs could not be tested).
+
+R4. Reading: a variant that harms and fits reads "harms"; one that harms and fails to fit reads "fails to fit" (its
+harm beyond range is not told apart from its failure in range); one that holds reads "holds", whatever its fit;
+anything else reads "undecided".
+
+R5. Lag: the lagged copies harm at both lags with no dose when both read "harms" and `lagged-copy-250` is not
+detectably different from `lagged-copy-50`; the harm grows with the lag when `lagged-copy-250` reads "harms" and is
+detectably below `lagged-copy-50`; they hold at both lags when both read "holds"; otherwise the lag is undecided.
+
+R6. Verdict on co-adaptation, the first that applies: (a) no verdict (yet) by R1; (b) `random-path` reads "harms" or
+"fails to fit": untested by these controls, since an injected term of the cut's norm harms whatever its direction;
+(c) `random-path` does not read "holds": no verdict; (d) `frozen-model-copy` reads "harms": not supported, since the
+harm then needs gradient shaped by attention but not an attention that learns; (e) `frozen-model-copy` reads "holds"
+and the lagged copies harm at both lags with no dose: consistent with co-adaptation; (f) `frozen-model-copy` reads
+"holds" and the lagged copies hold at both lags: not as co-adaptation predicted, since an attention that learns,
+seen 50 or 250 steps late, does not harm; (g) `frozen-model-copy` reads "holds" and the harm grows with the lag:
+mixed, co-adaptation undecided; (h) otherwise undecided at these seed counts. Beside (e) to (h), when
+`frozen-model-copy` holds and `frozen-copy` reads "harms" or "fails to fit": frozen-copy's cliff came from mixing an
+initial attention with current MLPs and unembedding, not from the attention being frozen.
+
+R7. Placebo: its norm matches in a seed when the cap bound on at most 5 % of the seed's logged steps and the norm it
+removed, summed over the steps, is at least 95 % of the norm `stopgrad-rnn0` would have removed (attention's path,
+summed). Its reading is interpreted only when the norm matched in every seed: "harms" says an equal norm removed
+from the MLP paths does not do what the cut through attention does; "holds" says the amount of gradient removed may
+be what matters.
+"""
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-BLOCKS: dict[str, Callable[[Path], str]] = {}
+import numpy as np
+import pandas as pd
+from doc_format import (
+    ALPHA,
+    can_reach,
+    col,
+    descriptive,
+    grid_of,
+    min_adjusted_text,
+    p_text,
+    pct,
+    per_seed,
+    results_dir,
+    table,
+)
+from placebo_cap import EARLY
+from placebo_cap import FILE as CAP_FILE
+
+from probe.core.stats import holm, permutation_p, welch_interval
+
+GRID = "coadaptation2"
+JOINT, CUT = "joint", "stopgrad-rnn0"
+CONTROLS = ("random-path", "lagged-copy-50", "lagged-copy-250", "frozen-model-copy")
+"""The controls for frozen-copy (sweeps/coadaptation2.toml says what each separates)."""
+RERUNS = ("frozen-copy", "placebo")
+"""Rerun beside the controls on the same seeds: frozen-copy to 16x, placebo with its cap logged per step."""
+READ = (*CONTROLS, *RERUNS)
+VARIANTS = (JOINT, CUT, *READ)
+LAG = ("lagged-copy-250", "lagged-copy-50")
+HOLDS = 0.95
+"""A seed holds a window when its token accuracy there is at least this (as in the fresh grid's tables)."""
+CAP_BOUND_MAX = 0.05
+MATCH_TOTAL_MIN = 0.95
+"""R7: the placebo's norm matches in a seed when the cap bound on at most CAP_BOUND_MAX of its steps and it removed
+at least MATCH_TOTAL_MIN of the target norm over the run."""
+NOT_RUN = ("Not run yet: `python -m probe.sweep study/sweeps/coadaptation2.toml --out runs/coadaptation2`, then "
+           "`study/scripts/collect_grid.sh coadaptation2`.")
+MEASURES = {"beyond": "state in (2x, 4x] (points)", "state_1x": "state at 1x (points)",
+            "loss": "final training loss"}
+WINDOWS = (("state_win_2x_4x", "state (2x, 4x]"), ("state_win_8x_16x", "state (8x, 16x]"),
+           ("state_mod2_win_8x_16x", "parity (8x, 16x] (chance 50)"),
+           ("state_mod5_win_8x_16x", "mod 5 (8x, 16x] (chance 20)"),
+           ("recall_win_8x_16x", "recall (8x, 16x] (chance 6.2)"))
+
+
+# --- the per-seed values ------------------------------------------------------------------------------------------
+def values(root: Path) -> pd.DataFrame | None:
+    """One row per committed run: variant, seed, the fit measures (``state_1x``, ``loss``: the last logged training
+    loss) and the windows; None before the grid is collected."""
+    if not (results_dir(root) / GRID / "runs.jsonl").is_file():
+        return None
+    grid = grid_of(root, GRID)
+    runs = grid.runs
+    out = pd.DataFrame({"variant": runs.variant, "seed": runs.seed.astype(int), "state_1x": col(runs, "state_acc_1x"),
+                        "beyond": col(runs, "state_win_2x_4x"),
+                        **{c: col(runs, c) for c, _ in WINDOWS}})
+    t = grid.training
+    if len(t) and "loss" in t:
+        t = t[t.loss.notna()].sort_values("step")
+        last = t.groupby(["variant", "seed"], sort=False).tail(1)[["variant", "seed", "loss"]]
+        out = out.merge(last.assign(seed=last.seed.astype(int)), on=["variant", "seed"], how="left")
+    else:
+        out["loss"] = math.nan
+    return out.sort_values(["variant", "seed"]).reset_index(drop=True)
+
+
+def _of(v: pd.DataFrame, variant: str, measure: str) -> np.ndarray:
+    return v.loc[v.variant == variant, measure].dropna().to_numpy(float)
+
+
+# --- the two families ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Comparison:
+    variant: str
+    baseline: str
+    measure: str
+    n: int
+    m: int
+    estimate: float
+    low: float
+    high: float
+    family: int
+    testable: bool
+    p: float
+    p_holm: float
+
+    @property
+    def direction(self) -> str:
+        """"below" / "above" (detected after Holm), "none" (tested, not detected), "untested" (descriptive)."""
+        if not self.testable:
+            return "untested"
+        if self.p_holm < ALPHA:
+            return "below" if self.estimate < 0 else "above"
+        return "none"
+
+
+BEYOND_PAIRS = [(JOINT, CUT, "beyond"), *[(v, b, "beyond") for v in READ for b in (JOINT, CUT)], (*LAG, "beyond")]
+FIT_PAIRS = [(v, CUT, m) for v in READ for m in ("state_1x", "loss")]
+
+
+def family(v: pd.DataFrame, pairs: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Comparison]:
+    """Every pair of ``pairs`` with both sides committed, tested as probe.sweep.compare tests (Welch interval, exact
+    permutation p where the design can reach adjusted p < ALPHA in a family of this size, Holm over the tests run).
+    compare() reads accuracies from curves or windows; family F also tests the training loss, so both families go
+    through this one routine over per-seed values."""
+    present = [(a, b, m) for a, b, m in pairs if len(_of(v, a, m)) and len(_of(v, b, m))]
+    k = len(present)
+    rows = []
+    for a, b, m in present:
+        x, y = _of(v, a, m), _of(v, b, m)
+        diff = welch_interval(x, y)
+        ok = can_reach("seeds", len(x), len(y), k)
+        rows.append(dict(variant=a, baseline=b, measure=m, n=len(x), m=len(y), estimate=diff.estimate, low=diff.low,
+                         high=diff.high, family=k, testable=ok, p=permutation_p(x, y) if ok else math.nan))
+    adjusted = holm([r["p"] for r in rows]) if rows else []
+    return {(r["variant"], r["baseline"], r["measure"]): Comparison(**r, p_holm=float(q))
+            for r, q in zip(rows, adjusted, strict=True)}
+
+
+# --- the readings (R1-R6) -----------------------------------------------------------------------------------------
+def _direction(cmp: dict, a: str, b: str, m: str) -> str:
+    c = cmp.get((a, b, m))
+    return "missing" if c is None else c.direction
+
+
+def ends(beyond: dict) -> str:
+    """R1: "separated", "untested" (the design cannot test it, or a side has no run) or "not separated"."""
+    d = _direction(beyond, JOINT, CUT, "beyond")
+    return {"below": "separated", "untested": "untested", "missing": "untested"}.get(d, "not separated")
+
+
+def fit_reading(fit: dict, variant: str) -> str:
+    """R2."""
+    s1, loss = _direction(fit, variant, CUT, "state_1x"), _direction(fit, variant, CUT, "loss")
+    if s1 == "below" or loss == "above":
+        return "fails to fit"
+    if {s1, loss} & {"untested", "missing"}:
+        return "fit untested"
+    return "fits"
+
+
+def beyond_reading(beyond: dict, variant: str) -> str:
+    """R3."""
+    ds, dj = _direction(beyond, variant, CUT, "beyond"), _direction(beyond, variant, JOINT, "beyond")
+    if ds == "below":
+        return {"none": "harms like joint", "below": "harms more than joint",
+                "above": "harms partly (between the ends)"}.get(dj, "harms")
+    if dj == "above" and ds in ("none", "above"):
+        return "holds like stopgrad-rnn0" if ds == "none" else "holds, above stopgrad-rnn0"
+    if {ds, dj} & {"untested", "missing"}:
+        return "untested"
+    return "undecided"
+
+
+def reading(fit_r: str, beyond_r: str) -> str:
+    """R4."""
+    if beyond_r.startswith("holds"):
+        return "holds"
+    if beyond_r.startswith("harms"):
+        return {"fits": "harms", "fails to fit": "fails to fit"}.get(fit_r, "undecided")
+    return "undecided"
+
+
+def lag_reading(readings: dict[str, str], beyond: dict) -> str:
+    """R5."""
+    r250, r50 = (readings.get(v) for v in LAG)
+    dose = _direction(beyond, *LAG, "beyond")
+    if r250 == "harms" and dose == "below":
+        return "harm grows with the lag"
+    if r250 == r50 == "harms" and dose == "none":
+        return "harm at both lags, no dose"
+    if r250 == r50 == "holds":
+        return "hold at both lags"
+    return "undecided"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rule: str
+    text: str
+
+
+def _n(v: pd.DataFrame, variant: str) -> int:
+    return len(_of(v, variant, "beyond"))
+
+
+def verdict(v: pd.DataFrame) -> tuple[Verdict, dict[str, str], dict, dict]:
+    """R6 from the committed runs: the verdict, each read variant's reading, and the two families."""
+    beyond, fit = family(v, BEYOND_PAIRS), family(v, FIT_PAIRS)
+    state = ends(beyond)
+    readings = {x: reading(fit_reading(fit, x), beyond_reading(beyond, x)) for x in READ}
+    if state == "untested":
+        n, m, k = _n(v, JOINT), _n(v, CUT), len(beyond)
+        why = (f"{n} vs {m} seeds of `joint` and `stopgrad-rnn0` cannot reach adjusted p < {ALPHA} in family B of {k} "
+               f"(smallest attainable {min_adjusted_text('seeds', n, m, k)})" if n and m
+               else "`joint` or `stopgrad-rnn0` has no committed run")
+        return Verdict("a", f"No verdict yet: {why}, so the two ends cannot be told apart and no control can be read; "
+                            "co-adaptation is untested, not refuted."), readings, beyond, fit
+    if state == "not separated":
+        c = beyond[(JOINT, CUT, "beyond")]
+        return Verdict("a", "No verdict: `joint` was not detectably below `stopgrad-rnn0` in (2x, 4x] on these seeds "
+                            f"(difference {_points(c)} points, no difference detected), so no control can be read "
+                            "against the two ends; co-adaptation is untested, not refuted."), readings, beyond, fit
+    rp, fmc, fc = readings["random-path"], readings["frozen-model-copy"], readings["frozen-copy"]
+    if rp in ("harms", "fails to fit"):
+        what = "harms" if rp == "harms" else "fails to fit"
+        return Verdict("b", f"Co-adaptation untested by these controls: a random direction of the cut's norm "
+                            f"(`random-path`) {what} too, so an injected term of that size harms whatever its "
+                            "direction, and neither `frozen-copy` nor the lagged copies can speak to co-adaptation; "
+                            "not refuted."), readings, beyond, fit
+    if rp != "holds":
+        return Verdict("c", f"No verdict: `random-path` is {rp} at {_n(v, 'random-path')} seeds, and without it no "
+                            "control tells co-adaptation from \"an injected term of that size harms\"; co-adaptation "
+                            "is untested, not refuted."), readings, beyond, fit
+    if fmc == "harms":
+        return Verdict("d", "Co-adaptation not supported: a random direction of the cut's norm holds (`random-path`), "
+                            "so the harm needs gradient shaped by attention, but block 0's LSTM learning through a "
+                            "frozen, consistent copy of the initial model (`frozen-model-copy`) is harmed too, so it "
+                            "does not need an attention that learns."), readings, beyond, fit
+    lag = lag_reading(readings, beyond)
+    if fmc == "holds" and lag == "harm at both lags, no dose":
+        out = Verdict("e", "Consistent with co-adaptation: block 0's LSTM learning through an attention that learns "
+                           "harms, 50 or 250 steps late alike (no dose of the lag detected), while learning through a "
+                           "frozen, consistent copy of the initial model (`frozen-model-copy`) or taking a random "
+                           "direction of the same norm (`random-path`) does not.")
+    elif fmc == "holds" and lag == "hold at both lags":
+        out = Verdict("f", "Not as co-adaptation predicted: `random-path` and `frozen-model-copy` hold, and so do both "
+                           "lagged copies: an attention that learns, seen 50 or 250 steps late, does not harm; the "
+                           "harm needs the gradient through attention as it is at that step (`joint`).")
+    elif fmc == "holds" and lag == "harm grows with the lag":
+        out = Verdict("g", "Mixed, co-adaptation undecided: the harm grows with the lag (`lagged-copy-250` below "
+                           "`lagged-copy-50`), as \"a mismatched gradient harms\" predicts, while a frozen, consistent "
+                           "counterfactual (`frozen-model-copy`) holds, as co-adaptation predicts; neither reading "
+                           "accounts for both.")
+    else:
+        out = Verdict("h", "Undecided at these seed counts: `random-path` holds, but `frozen-model-copy` reads "
+                           f"\"{fmc}\" and the lagged copies \"{lag}\" (`lagged-copy-50` {readings['lagged-copy-50']}, "
+                           f"`lagged-copy-250` {readings['lagged-copy-250']}); co-adaptation is untested, not "
+                           "refuted.")
+    if fmc == "holds" and fc in ("harms", "fails to fit"):
+        out = Verdict(out.rule, out.text + f" `frozen-copy` {'harms' if fc == 'harms' else 'fails to fit'} on the same "
+                                           "seeds while `frozen-model-copy` holds: frozen-copy's cliff came from "
+                                           "mixing an initial attention with current MLPs and unembedding, not from "
+                                           "the attention being frozen.")
+    return out, readings, beyond, fit
+
+
+# --- the placebo's cap (R7) -----------------------------------------------------------------------------------------
+def cap_table(root: Path) -> pd.DataFrame | None:
+    path = results_dir(root) / GRID / CAP_FILE
+    if not path.is_file():
+        return None
+    cap = pd.read_csv(path)
+    cap = cap[cap.variant == "placebo"].sort_values("seed")
+    return cap.assign(matched=(cap.bound_steps <= CAP_BOUND_MAX * cap.steps) & (cap.ratio_total >= MATCH_TOTAL_MIN))
+
+
+def placebo_sentence(root: Path, v: pd.DataFrame, readings: dict[str, str], separated: bool) -> str:
+    cap = cap_table(root)
+    n = _n(v, "placebo")
+    if n == 0:
+        return "No `placebo` run is committed yet."
+    if cap is None or len(cap) < n:
+        k = 0 if cap is None else len(cap)
+        return (f"`placebo`'s cap log is summarised for {k} of its {n} seeds (`python study/scripts/placebo_cap.py "
+                "runs/coadaptation2 study/results/coadaptation2`): its reading is not interpreted.")
+    k = int(cap.matched.sum())
+    r = readings["placebo"]
+    if k < len(cap):
+        return (f"`placebo`'s norm matched in {k} of {len(cap)} seeds only (the cap bound on more than "
+                f"{pct(CAP_BOUND_MAX)} % of the steps, or it removed less than {pct(MATCH_TOTAL_MIN)} % of the "
+                f"target): its reading (\"{r}\") is not interpreted.")
+    if not separated:
+        return f"`placebo`'s norm matched in {k} of {k} seeds; with the ends not separated it is not read."
+    said = {"harms": "an equal norm removed from the MLP paths does not do what the cut through attention does: "
+                     "attention's path, not the amount of gradient, is what matters",
+            "holds": "removing an equal norm from the MLP paths holds as the cut does: the amount of gradient removed "
+                     "may be what matters, not attention's path"}
+    if r in said:
+        return f"`placebo` (norm matched in {k} of {k} seeds) {r}, so {said[r]}."
+    return f"`placebo` (norm matched in {k} of {k} seeds) reads \"{r}\": it says nothing either way."
+
+
+# --- the blocks ---------------------------------------------------------------------------------------------------
+def _cell(values: np.ndarray) -> str:
+    return "–" if not len(values) else f"{pct(values.mean())} · {int((values >= HOLDS).sum())}/{len(values)}"
+
+
+def _loss(x: float) -> str:
+    return "–" if not np.isfinite(x) else f"{x:.4f}"
+
+
+def _loss_cell(values: np.ndarray) -> str:
+    return "–" if not len(values) else f"{_loss(values.mean())} ({_loss(values.min())}–{_loss(values.max())})"
+
+
+def coadaptation_variants(root: Path) -> str:
+    """Per variant: seeds; state at 1x and the windows (mean over seeds · seeds at 95 % or more); the final training
+    loss (mean, and its range over seeds)."""
+    v = values(root)
+    if v is None:
+        return NOT_RUN
+    rows = [[f"`{x}`", _n(v, x), _cell(_of(v, x, "state_1x")), _loss_cell(_of(v, x, "loss")),
+             *[_cell(_of(v, x, c)) for c, _ in WINDOWS]] for x in VARIANTS]
+    return table(["variant", "seeds", "state at 1x", "final training loss (range)", *[w for _, w in WINDOWS]], rows)
+
+
+def coadaptation_seeds(root: Path) -> str:
+    """Every seed: state at 1x, final training loss, state in (2x, 4x] and in (8x, 16x], in seed order."""
+    v = values(root)
+    if v is None:
+        return NOT_RUN
+    rows = []
+    for x in VARIANTS:
+        r = v[v.variant == x]
+        rows.append([f"`{x}`", " ".join(str(s) for s in r.seed) or "–", per_seed(r.state_1x),
+                     " / ".join(_loss(y) for y in r.loss), per_seed(r.state_win_2x_4x), per_seed(r.state_win_8x_16x)])
+    return table(["variant", "seeds", "state at 1x, each seed", "final training loss, each seed",
+                  "state (2x, 4x], each seed", "state (8x, 16x], each seed"], rows)
+
+
+def _points(c: Comparison) -> str:
+    return f"{100 * c.estimate:+.1f} [{100 * c.low:+.1f}, {100 * c.high:+.1f}]"
+
+
+def _difference(c: Comparison) -> str:
+    if c.measure == "loss":
+        return f"{c.estimate:+.4f} [{c.low:+.4f}, {c.high:+.4f}]"
+    return _points(c)
+
+
+def _result(c: Comparison) -> str:
+    if not c.testable:
+        return descriptive("seeds", c.n, c.m, c.family)
+    return {"below": "detectably below", "above": "detectably above"}.get(c.direction, "no difference detected")
+
+
+def _family_table(cmp: dict, with_measure: bool) -> str:
+    rows = [[f"`{c.variant}` − `{c.baseline}`", *([MEASURES[c.measure]] if with_measure else []),
+             f"{c.n} vs {c.m}", _difference(c), p_text(c.p) if c.testable else "–",
+             min_adjusted_text("seeds", c.n, c.m, c.family), p_text(c.p_holm) if c.testable else "–", _result(c)]
+            for c in cmp.values()]
+    return table(["comparison", *(["measure"] if with_measure else []), "seeds", "difference [95 % Welch CI]", "p",
+                  "min. adj. p", "Holm p", "result"], rows)
+
+
+def _caption(cmp: dict, what: str) -> str:
+    c = next(iter(cmp.values()))
+    run = sum(x.testable for x in cmp.values())
+    designs = sorted({(x.n, x.m) for x in cmp.values()}, key=lambda d: (d[0] * d[1], d))
+    return (f"{what}: a Holm family of {c.family}, {run} run as tests; smallest attainable adjusted p by design: "
+            + "; ".join(f"{n} vs {m} seeds {min_adjusted_text('seeds', n, m, c.family)}" for n, m in designs) + ".")
+
+
+def coadaptation_compare(root: Path) -> str:
+    """Families B (beyond range) and F (fit), each with its size and the smallest adjusted p its designs allow."""
+    v = values(root)
+    if v is None:
+        return NOT_RUN
+    beyond, fit = family(v, BEYOND_PAIRS), family(v, FIT_PAIRS)
+    out = []
+    if beyond:
+        out += [_caption(beyond, "Family B, the state in (2x, 4x] (points; exact two-sided permutation p)"),
+                _family_table(beyond, False)]
+    if fit:
+        out += [_caption(fit, "Family F, fit against `stopgrad-rnn0` (state at 1x in points; the loss as logged)"),
+                _family_table(fit, True)]
+    return "\n\n".join(out) or "No pair of the two families has both sides committed yet."
+
+
+def coadaptation_readings(root: Path) -> str:
+    """Each read variant's fit (R2), its reading beyond range (R3), and the two together (R4); R5 for the lags."""
+    v = values(root)
+    if v is None:
+        return NOT_RUN
+    result, readings, beyond, fit = verdict(v)
+    separated = ends(beyond) == "separated"
+    rows = [[f"`{x}`", _n(v, x), fit_reading(fit, x), beyond_reading(beyond, x),
+             readings[x] if separated else "not read (R1)"] for x in READ]
+    lag = lag_reading(readings, beyond) if separated else "not read (R1)"
+    return (table(["variant", "seeds", "fit (R2)", "beyond range (R3)", "reading (R4)"], rows)
+            + f"\n\nThe ends (R1): {ends(beyond)}. The lag (R5): {lag}. Verdict rule (R6): ({result.rule}).")
+
+
+def coadaptation_verdict(root: Path) -> str:
+    """The verdict on co-adaptation (R6) and the placebo's reading (R7)."""
+    v = values(root)
+    if v is None:
+        return NOT_RUN + " Until it runs, co-adaptation is untested, not refuted."
+    result, readings, beyond, _ = verdict(v)
+    return (f"**{result.text}**\n\n"
+            + placebo_sentence(root, v, readings, ends(beyond) == "separated"))
+
+
+def coadaptation_placebo(root: Path) -> str:
+    """R7: per placebo seed, the cap's use and the norm removed against the target, from its per-step log."""
+    if values(root) is None:
+        return NOT_RUN
+    cap = cap_table(root)
+    if cap is None or cap.empty:
+        return ("No placebo cap log is summarised yet (`python study/scripts/placebo_cap.py runs/coadaptation2 "
+                "study/results/coadaptation2`).")
+    rows = [[int(r.seed), int(r.steps), f"{int(r.bound_steps)} ({pct(r.bound_steps / r.steps)} %)",
+             int(r.bound_steps_early), pct(r.ratio_total), f"{pct(r.ratio_median)} / {pct(r.ratio_min)}",
+             f"{r.attention_norm_median:.3g}", f"{r.mlp_norm_median:.3g}",
+             f"{pct(r.scale_median)} / {pct(r.scale_max)}", "yes" if r.matched else "no"] for r in cap.itertuples()]
+    return (table(["seed", "steps logged", "cap bound (share)", f"of them at steps 1-{EARLY}",
+                   "removed / target, summed (%)", "removed / target per step, median / min (%)",
+                   "attention path norm, median", "MLP path norm, median",
+                   "share of the MLP path removed, median / max (%)", "matched (R7)"], rows)
+            + f"\n\nMatched (R7: cap bound on at most {pct(CAP_BOUND_MAX)} % of steps, at least "
+              f"{pct(MATCH_TOTAL_MIN)} % of the target removed over the run) in {int(cap.matched.sum())} of "
+              f"{len(cap)} seeds.")
+
+
+def rules() -> list[str]:
+    """The pre-registered rules as this docstring states them, each on one line (the docs must state them alike)."""
+    text = re.sub(r"\s+", " ", __doc__)
+    return [m.group(0).strip() for m in re.finditer(r"R\d\. .*?(?= R\d\. |$)", text)]
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "coadaptation-variants": coadaptation_variants,
+    "coadaptation-seeds": coadaptation_seeds,
+    "coadaptation-compare": coadaptation_compare,
+    "coadaptation-readings": coadaptation_readings,
+    "coadaptation-verdict": coadaptation_verdict,
+    "coadaptation-placebo": coadaptation_placebo,
+}

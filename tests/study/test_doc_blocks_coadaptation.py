@@ -1,0 +1,294 @@
+"""study/scripts/doc_blocks_coadaptation.py: the pre-registered readings of the co-adaptation controls come out each
+way on synthetic grids written by probe.results' own writer, the rules in the docs are the module's, and the
+placebo's cap summary is right on a real tiny placebo run collected through the normal pipeline."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from probe.results import Grid, import_runs, window_columns, write_grid
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "study" / "scripts"
+SEEDS = tuple(range(20, 28))
+HOLDS = (0.995, 0.002, 0.99)
+"""(state at 1x, final training loss, state in (2x, 4x]): a run that fits and generalizes."""
+HARMS = (0.995, 0.002, 0.70)
+UNFIT = (0.960, 0.009, 0.60)
+"""Fits worse in range (the old frozen-copy's 97.0 % and 0.0097) and falls off the cliff."""
+WINDOWS = {"in range": (0, 1), "(1x, 2x]": (1, 2), "(2x, 4x]": (2, 4), "(4x, 8x]": (4, 8), "(8x, 16x]": (8, 16)}
+L = 25
+
+
+@pytest.fixture(scope="module")
+def D():
+    import sys
+
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import doc_blocks_coadaptation
+        import placebo_cap
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return doc_blocks_coadaptation, placebo_cap
+
+
+def _grid(spec: dict[str, tuple[float, float, float] | list[float]], seeds=SEEDS, rng_seed: int = 0) -> Grid:
+    """A compact grid: per variant, its seeds' state at 1x, final loss and (2x, 4x] drawn around ``spec`` (a list
+    gives each seed's (2x, 4x] value as it is), the later windows at the (2x, 4x] value less 5 points."""
+    rng = np.random.default_rng(rng_seed)
+    runs, curves, windows, training = [], [], [], []
+    n = 2000
+    for variant, target in spec.items():
+        for i, seed in enumerate(seeds):
+            if isinstance(target, list):
+                s1, loss, beyond = 0.995, 0.002, target[i]
+            else:
+                s1, loss, beyond = target
+            s1 = min(1.0, s1 + rng.uniform(-0.003, 0.003))
+            beyond = float(np.clip(beyond + (0 if isinstance(target, list) else rng.uniform(-0.02, 0.02)), 0, 1))
+            loss = loss * rng.uniform(0.9, 1.1)
+            run = f"{variant}/seed{seed}"
+            for name, (lo, hi) in WINDOWS.items():
+                later = max(0.0, beyond - 0.05)
+                acc = {"in range": s1, "(1x, 2x]": min(1.0, beyond + 0.05), "(2x, 4x]": beyond}.get(name, later)
+                for subtask, a, chance in (("state", acc, 0.1), ("state_mod2", min(1.0, acc + 0.1), 0.5),
+                                           ("state_mod5", acc, 0.2), ("recall", 1.0, 1 / 16)):
+                    right = round(a * n)
+                    windows.append(dict(variant=variant, run=run, seed=seed, window=name, lo=lo * L, hi=hi * L,
+                                        beyond=lo > 0, subtask=subtask, n_tokens=n, right=right,
+                                        token_acc=right / n, seq_acc=0.0, chance=chance))
+            right = round(s1 * n)
+            curves += [dict(variant=variant, seed=seed, length=L, subtask="state", n_tokens=n, token_acc=right / n,
+                            seq_acc=0.5),
+                       dict(variant=variant, seed=seed, length=L, subtask="recall", n_tokens=n, token_acc=1.0,
+                            seq_acc=1.0)]
+            runs.append(dict(variant=variant, seed=seed, run=run, label=variant, train_length=L, steps=4500,
+                             state_acc_1x=right / n, recall_acc_1x=1.0))
+            # the last step's loss is the one read; an earlier, larger one must not be
+            training += [dict(variant=variant, seed=seed, step=2250, loss=10 * loss),
+                         dict(variant=variant, seed=seed, step=4500, loss=loss)]
+    w = pd.DataFrame(windows)
+    cols = window_columns(w)
+    runs = pd.DataFrame([{**r, **cols[r["run"]]} for r in runs])
+    return Grid("coadaptation2", runs, pd.DataFrame(curves).assign(run=None), pd.DataFrame(training), windows=w)
+
+
+def _cap_lines(steps: int, bound: int) -> list[dict]:
+    """A placebo log: target norm 1 at every step; the MLP path holds 2 (the cap does not bind) except on ``bound``
+    steps, where it holds 0.5 and all of it is removed."""
+    lines = []
+    for step in range(1, steps + 1):
+        mlp = 0.5 if step <= bound else 2.0
+        removed = min(1.0, mlp)
+        lines.append({"step": step, "placebo_attention_norm": 1.0, "placebo_mlp_norm": mlp,
+                      "placebo_removed_norm": removed, "placebo_scale": removed / mlp,
+                      "placebo_cap_bound": mlp < 1.0})
+    return lines
+
+
+def _write(tmp_path: Path, D, spec, seeds=SEEDS, cap_bound: int | None = 2) -> Path:
+    """The repository layout a block reads: study/results/coadaptation2/ with the compact files and, for the
+    placebo's seeds, placebo_cap.csv (100 logged steps each, the cap bound on ``cap_bound`` of them)."""
+    _, C = D
+    out = tmp_path / "study" / "results" / "coadaptation2"
+    write_grid(_grid(spec, seeds), out)
+    if cap_bound is not None and "placebo" in spec:
+        rows = [{"variant": "placebo", "seed": s, **C.summarize(_cap_lines(100, cap_bound))} for s in seeds]
+        pd.DataFrame(rows, columns=C.COLUMNS).to_csv(out / C.FILE, index=False)
+    return tmp_path
+
+
+def _spec(**over) -> dict:
+    """Every variant of the grid: the two ends, and each read variant as ``over`` says (default: holds)."""
+    base = {"joint": HARMS, "stopgrad-rnn0": HOLDS, "random-path": HOLDS, "lagged-copy-50": HARMS,
+            "lagged-copy-250": HARMS, "frozen-model-copy": HOLDS, "frozen-copy": UNFIT, "placebo": HARMS}
+    return {**base, **{k.replace("_", "-"): v for k, v in over.items()}}
+
+
+def _verdict(D, root: Path):
+    B, _ = D
+    return B.verdict(B.values(root))
+
+
+# --- each verdict reached ------------------------------------------------------------------------------------------
+def test_co_adaptation_is_supported_when_only_a_learning_attention_harms_and_a_misfit_is_told_apart(D, tmp_path):
+    B, _ = D
+    root = _write(tmp_path, D, _spec())
+    result, readings, beyond, fit = _verdict(D, root)
+    assert result.rule == "e" and result.text.startswith("Consistent with co-adaptation")
+    assert readings == {"random-path": "holds", "lagged-copy-50": "harms", "lagged-copy-250": "harms",
+                        "frozen-model-copy": "holds", "frozen-copy": "fails to fit", "placebo": "harms"}
+    # frozen-copy fails to fit: its cliff is not read as a failure to generalize, and the verdict says where it
+    # came from only because frozen-model-copy, the consistent counterfactual, holds
+    assert B.fit_reading(fit, "frozen-copy") == "fails to fit" and B.fit_reading(fit, "placebo") == "fits"
+    assert "frozen-copy's cliff came from mixing" in result.text
+    assert len(beyond) == 14 and len(fit) == 12 and all(c.testable for c in [*beyond.values(), *fit.values()])
+    text = B.coadaptation_verdict(root)
+    assert "attention's path, not the amount of gradient" in text  # the placebo matched in every seed, and harms
+
+
+def test_a_random_direction_that_harms_leaves_co_adaptation_untested(D, tmp_path):
+    result, readings, _, _ = _verdict(D, _write(tmp_path, D, _spec(random_path=HARMS)))
+    assert readings["random-path"] == "harms" and result.rule == "b"
+    assert result.text.startswith("Co-adaptation untested by these controls")
+
+
+def test_a_random_direction_that_fails_to_fit_leaves_it_untested_too(D, tmp_path):
+    B, _ = D
+    root = _write(tmp_path, D, _spec(random_path=UNFIT))
+    result, readings, beyond, fit = _verdict(D, root)
+    assert B.beyond_reading(beyond, "random-path") == "harms more than joint"
+    assert readings["random-path"] == "fails to fit" and result.rule == "b" and "fails to fit too" in result.text
+
+
+def test_a_consistent_frozen_counterfactual_that_harms_means_no_co_adaptation(D, tmp_path):
+    result, readings, _, _ = _verdict(D, _write(tmp_path, D, _spec(frozen_model_copy=HARMS)))
+    assert readings["frozen-model-copy"] == "harms" and result.rule == "d"
+    assert result.text.startswith("Co-adaptation not supported")
+
+
+def test_lagged_copies_that_hold_are_not_as_predicted_and_a_dose_is_mixed(D, tmp_path):
+    result, _, _, _ = _verdict(D, _write(tmp_path / "hold", D, _spec(lagged_copy_50=HOLDS, lagged_copy_250=HOLDS)))
+    assert result.rule == "f" and result.text.startswith("Not as co-adaptation predicted")
+    result, readings, beyond, _ = _verdict(D, _write(tmp_path / "dose", D,
+                                                     _spec(lagged_copy_50=(0.995, 0.002, 0.85),
+                                                           lagged_copy_250=(0.995, 0.002, 0.55))))
+    assert beyond[("lagged-copy-250", "lagged-copy-50", "beyond")].direction == "below"
+    assert readings["lagged-copy-50"] == readings["lagged-copy-250"] == "harms"
+    assert result.rule == "g" and result.text.startswith("Mixed, co-adaptation undecided")
+
+
+@pytest.mark.parametrize("control, rule, opening", [("frozen-model-copy", "h", "Undecided at these seed counts"),
+                                                     ("random-path", "c", "No verdict: `random-path` is undecided")])
+def test_a_control_between_the_ends_with_a_wide_spread_is_undecided(D, tmp_path, control, rule, opening):
+    # half its seeds like stopgrad-rnn0, half like joint: neither detectably below the one nor above the other
+    split = [0.99, 0.70, 0.99, 0.70, 0.99, 0.70, 0.99, 0.70]
+    B, _ = D
+    result, readings, beyond, _ = _verdict(D, _write(tmp_path, D, {**_spec(), control: split}))
+    assert B.beyond_reading(beyond, control) == "undecided"
+    assert readings[control] == "undecided" and result.rule == rule and result.text.startswith(opening)
+
+
+def test_a_design_too_small_to_test_gives_no_verdict_yet_and_no_p(D, tmp_path):
+    B, _ = D
+    root = _write(tmp_path, D, _spec(), seeds=SEEDS[:4])
+    result, readings, beyond, _ = _verdict(D, root)
+    assert result.rule == "a" and result.text.startswith("No verdict yet: 4 vs 4 seeds")
+    assert not any(c.testable for c in beyond.values())
+    compare = B.coadaptation_compare(root)
+    assert "descriptive: 4 vs 4 seeds cannot reach adjusted p < 0.05 in a family of 14" in compare
+    from test_reachable_p import violations
+
+    assert violations(compare) == []
+
+
+def test_ends_that_do_not_separate_give_no_verdict(D, tmp_path):
+    result, _, _, _ = _verdict(D, _write(tmp_path, D, _spec(joint=HOLDS)))
+    assert result.rule == "a" and result.text.startswith("No verdict: `joint` was not detectably below")
+
+
+def test_an_unmatched_placebo_is_not_interpreted(D, tmp_path):
+    B, _ = D
+    root = _write(tmp_path, D, _spec(), cap_bound=20)  # the cap bound on 20 % of the steps
+    text = B.coadaptation_verdict(root)
+    assert "matched in 0 of 8 seeds only" in text and "not interpreted" in text
+    table = B.coadaptation_placebo(root)
+    assert "| 20 | 100 | 20 (20.0 %) |" in table and "in 0 of 8 seeds" in table
+    assert "in 8 of 8 seeds" in B.coadaptation_placebo(_write(tmp_path / "ok", D, _spec()))
+
+
+# --- what the doc shows -------------------------------------------------------------------------------------------
+def test_the_tables_show_fit_and_windows_per_variant_and_every_p_with_its_design(D, tmp_path):
+    B, _ = D
+    root = _write(tmp_path, D, _spec())
+    table = B.coadaptation_variants(root)
+    row = next(line for line in table.splitlines() if line.startswith("| `frozen-copy`"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # state at 1x below 97 %, the last step's loss (not the earlier, ten times larger one)
+    assert cells[1] == "8" and float(cells[2].split()[0]) < 97 and 0.008 < float(cells[3].split()[0]) < 0.01
+    assert float(cells[4].split()[0]) < 65  # (2x, 4x]: the cliff
+    from test_reachable_p import violations
+
+    assert violations(B.coadaptation_compare(root)) == []
+    assert "Holm family of 14" in B.coadaptation_compare(root) and "Holm family of 12" in B.coadaptation_compare(root)
+    assert "| `frozen-copy` | 8 | fails to fit |" in B.coadaptation_readings(root)
+
+
+def test_not_run_yet_renders_a_command_not_a_number(D, tmp_path):
+    B, _ = D
+    for name, block in B.BLOCKS.items():
+        text = block(tmp_path)
+        assert text.startswith("Not run yet") and not re.search(r"\d\.\d", text), name
+
+
+def test_the_rules_in_the_docs_are_the_modules_verbatim(D):
+    B, _ = D
+    doc = re.sub(r"\s+", " ", (ROOT / "study" / "docs" / "mechanism.md").read_text())
+    rules = B.rules()
+    assert [r.split(".")[0] for r in rules] == [f"R{i}" for i in range(1, 8)]
+    missing = [r[:60] for r in rules if r not in doc]
+    assert not missing, f"study/docs/mechanism.md does not state these rules as the module does: {missing}"
+
+
+# --- the placebo's cap, from a real run -----------------------------------------------------------------------------
+def _placebo_run(folder: Path, mlp_scale: float) -> list[dict]:
+    from test_train import TASK, TWO_BLOCKS, tiny_cfg, variant
+
+    from probe.evaluate import evaluate_checkpoints, evaluate_windows, evaluation_envelope
+    from probe.training.trainer import Trainer
+
+    trainer = Trainer(TWO_BLOCKS, TASK, tiny_cfg(schedule=variant("placebo"), steps=6, eval_every=3, ckpt_every=6,
+                                                 traj_every=6), folder, progress=False)
+    with torch.no_grad():
+        for b in trainer.model.blocks:
+            for p in b.mlp.parameters():
+                p.mul_(mlp_scale)
+    trainer.run()
+    final = folder / "final.pt"
+    curves = evaluate_checkpoints([final], [6, 12], 8)
+    windows = evaluate_windows([final], 24, 8)
+    (folder / "eval.json").write_text(json.dumps(evaluation_envelope(curves, [final], windows)))
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_the_cap_summary_of_a_real_placebo_run_through_collect(D, tmp_path):
+    """Six steps of the placebo on a tiny model, once as it is and once with the MLPs' output shrunk so that their
+    path holds less than attention's: the summary counts the steps the cap bound (recomputed here from the two
+    norms, not from the logged flag) and the removed share; collect keeps the per-step lines out of training.csv."""
+    _, C = D
+    runs = tmp_path / "runs"
+    logs = {seed: _placebo_run(runs / "placebo" / f"seed{seed}", scale) for seed, scale in ((0, 1.0), (1, 1e-3))}
+    for lines in logs.values():
+        steps = [r for r in lines if "placebo_attention_norm" in r]
+        att = np.array([r["placebo_attention_norm"] for r in steps])
+        mlp = np.array([r["placebo_mlp_norm"] for r in steps])
+        got = C.summarize(lines)
+        assert got["steps"] == 6 and got["bound_steps"] == int((att > mlp).sum())
+        ratio = np.minimum(att, mlp) / att
+        assert got["ratio_median"] == pytest.approx(np.median(ratio), rel=1e-4)
+        assert got["ratio_min"] == pytest.approx(ratio.min(), rel=1e-4)
+        assert got["ratio_total"] == pytest.approx(np.minimum(att, mlp).sum() / att.sum(), rel=1e-4)
+    shrunk = C.summarize(logs[1])
+    assert shrunk["bound_steps"] == 6 and shrunk["bound_steps_early"] == 6 and shrunk["ratio_total"] < 0.05
+    assert shrunk["scale_median"] == 1.0  # all of the MLP path removed, and still short of the target
+
+    out = tmp_path / "results"
+    import_runs(runs, out)
+    assert C.main([str(runs), str(out)]) == 0
+    training = pd.read_csv(out / "training.csv")
+    assert len(training) == 2 * 2 and training.loss.notna().all()  # two evaluations a run, no per-step line
+    cap = pd.read_csv(out / C.FILE)
+    assert list(cap.seed) == [0, 1] and list(cap.columns) == C.COLUMNS
+    assert cap.set_index("seed").loc[1, "bound_steps"] == 6
+    # a later collect of part of the grid keeps the rows of the runs it no longer sees
+    (runs / "placebo" / "seed0" / "eval.json").unlink()
+    assert C.main([str(runs), str(out)]) == 0
+    assert list(pd.read_csv(out / C.FILE).seed) == [0, 1]
