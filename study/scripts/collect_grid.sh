@@ -4,7 +4,8 @@
 #   1. the runs in compact form (python -m probe.results collect runs/NAME study/results/NAME), windows included;
 #   2. the grid's own tables (python -m probe.sweep study/results/NAME --report --no-figure --in-place);
 #   3. for the fresh grid, the pre-registered claims judged on it (probe.sweep --confirm study/claims.toml) and its
-#      figure (probe.figures --only fresh_by_window);
+#      figure (probe.figures --only fresh_by_window); for an ssm_ grid, each new run's SSM transitions and channel
+#      fades (study/scripts/recurrent_transitions.py into study/results/NAME/transitions.csv; runs read are skipped);
 #      for coadaptation2, the placebo's per-step cap log summarised per run (study/scripts/placebo_cap.py into
 #      study/results/NAME/placebo_cap.csv; collect keeps those lines out of training.csv);
 #   4. every rendered table of README.md, docs/ and study/docs/ (study/scripts/render_docs.py);
@@ -30,6 +31,9 @@ fi
 if [ "$name" = coadaptation2 ]; then
   $PY study/scripts/placebo_cap.py "$runs" "$out"
 fi
+case $name in
+  ssm_*) $PY study/scripts/recurrent_transitions.py "$runs" --out "$out/transitions.csv" ;;
+esac
 rm -f "$out/results.json" "$out/claims.json"  # the tables are committed as results.md and claims.md
 $PY study/scripts/render_docs.py
 $PY -m pytest -q -p no:cacheprovider tests/study/test_results_size.py tests/study/test_reachable_p.py \

@@ -1,11 +1,13 @@
-"""Read every SSM run of the recurrent grid with ``probe.transitions`` into study/results/recurrent/transitions.csv.
+"""Read every SSM run of a grid with ``probe.transitions`` into its results folder's transitions.csv.
 
 Usage: ``python study/scripts/recurrent_transitions.py RUNS [--out study/results/recurrent/transitions.csv]
-[--samples 32]``.
+[--samples 32]``; study/scripts/collect_grid.sh runs it for the ssm_ grids (``--out study/results/NAME/...``).
 RUNS is the grid's ``--out`` directory (``VARIANT/seedS/final.pt``). One row per run, block and order o (2, 5, 10 for
 m = 10): how many channels count mod o beyond 4 x L_train, the longest drift horizon of a channel of that order,
-and whether the run's instrument check and controls passed. Runs already in the file are skipped, so the script can
-follow a grid as it lands; a run whose cell is not an SSM is not read (the analysis does not apply to it).
+that channel's ``fade_400`` (the share of its state that survives a 400-token stream), the median ``fade_400`` over
+every channel of the run (both blocks), and whether the run's instrument check and controls passed. Runs already in
+the file are skipped, so the script can follow a grid as it lands (rows written before the fade columns existed keep
+them empty); a run whose cell is not an SSM is not read (the analysis does not apply to it).
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ from probe.core.progress import progress_iter
 from probe.errors import ProbeError
 from probe.transitions import analyze
 
-COLUMNS = ["variant", "seed", "block", "order", "channels", "of", "best_horizon", "beyond", "known_rotation",
-           "reinit", "shuffled_digits"]
+COLUMNS = ["variant", "seed", "block", "order", "channels", "of", "best_horizon", "beyond", "fade_400",
+           "median_fade_400", "known_rotation", "reinit", "shuffled_digits"]
+
+
+def _best_fade(channels: pd.DataFrame, block: int, order: int) -> float:
+    """``fade_400`` of the channel of this block and order with the longest drift horizon (the one whose horizon
+    ``summarize`` reports), to 4 decimals; NaN where the block has no channel of that order."""
+    part = channels[(channels.block == block) & (channels.order == order)]
+    return round(float(part.loc[part.horizon.idxmax(), "fade_400"]), 4) if len(part) else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,16 +57,18 @@ def main(argv: list[str] | None = None) -> int:
         if r.note:
             continue
         passed = {c["control"]: bool(c["passed"]) for c in r.controls}
+        median = round(float(r.channels.fade_400.median()), 4)
         for s in r.summary.itertuples():
             rows.append({"variant": variant, "seed": seed, "block": s.block, "order": s.order,
                          "channels": s.channels, "of": s.of, "best_horizon": round(float(s.best_horizon), 1),
-                         "beyond": s.beyond, **{k: passed.get(k) for k in COLUMNS[-3:]}})
+                         "beyond": s.beyond, "fade_400": _best_fade(r.channels, s.block, s.order),
+                         "median_fade_400": median, **{k: passed.get(k) for k in COLUMNS[-3:]}})
     if rows:
         out = pd.concat([done, pd.DataFrame(rows)], ignore_index=True).sort_values(["variant", "seed", "block",
                                                                                     "order"])
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_suffix(".tmp")
-        out[COLUMNS].to_csv(tmp, index=False)
+        out.reindex(columns=COLUMNS).to_csv(tmp, index=False)
         tmp.replace(args.out)
     print(f"{args.out}: {len(rows) and len(todo)} runs added, {len(have)} were there", file=sys.stderr)
     return 0

@@ -20,7 +20,8 @@ def test_grid_script_reads_ssm_runs_once_and_skips_other_cells(tmp_path, monkeyp
     import recurrent_transitions
 
     runs = tmp_path / "runs"
-    ssm = tiny_model("hybrid", TASK.vocab_size, d_model=48, rnn="ssm", ssm_range="complex")
+    # no learned positions, as in the presets: fade_400 needs a 400-token stream
+    ssm = tiny_model("hybrid", TASK.vocab_size, d_model=48, rnn="ssm", ssm_range="complex", pos_encoding="none")
     for variant, model in (("hybrid-ssm-complex-dat", ssm),
                            ("hybrid-gru-dat", tiny_model("hybrid", TASK.vocab_size, rnn="gru"))):
         (runs / variant / "seed0").mkdir(parents=True)
@@ -31,6 +32,10 @@ def test_grid_script_reads_ssm_runs_once_and_skips_other_cells(tmp_path, monkeyp
     df = pd.read_csv(out)
     assert set(df.variant) == {"hybrid-ssm-complex-dat"} and sorted(set(df.order)) == [2, 5, 10]
     assert len(df) == 2 * 3  # blocks x orders
+    # the run's median fade over its channels, and each order's longest-horizon channel's (none where the untrained
+    # block has no channel of that order): shares of the state, in [0, 1]
+    assert df.median_fade_400.between(0, 1).all() and df.median_fade_400.nunique() == 1
+    assert (df.fade_400.isna() | df.fade_400.between(0, 1)).all()
     before = out.read_text()
     calls = []
     monkeypatch.setattr(recurrent_transitions, "analyze", lambda *a, **k: calls.append(a))
