@@ -1,10 +1,352 @@
 """The blocks of study/docs/gradients.md that quote the lookahead at the optimizer's real step
 (study/results/gradients/realstep/, from study/scripts/realstep_lookahead.py on the runs of sweeps/realstep.toml):
-each a function of the committed results only."""
+each a function of the committed results only.
+
+The statement these blocks compute was fixed before any run of the grid. The rule, verbatim (RULE below, and in
+study/docs/gradients.md):
+
+A snapshot supports a raise in a window of positions P when every instrument check of that snapshot passed, its
+moments are the optimizer's own (`adamw-state`), and at P: attention's part, stepped at its real share of the
+update, raises the state loss (`z_att` > 2), by more than the matched random step (`vs_matched_z` > 2), and the
+50-step rollout without attention's gradient path ends lower there (`rollout_z` < -2: cut minus kept < 0 with |z| >
+2). Attention's part raises the beyond-range loss in window W of run R when at least 4 consecutive snapshots of R
+(steps 50 apart, none missing or withheld) support a raise in the same P; W is the steps from the first to the last
+snapshot of each such maximal stretch, named with P. A run with no such stretch reads "none found at real steps".
+The family is every run x every window of positions beyond L x every stretch of 4 consecutive measured snapshots (5
+x 4 x 23 = 460 on the full grid). Under the null (no change in expectation; snapshots independent) one condition is
+met by chance with probability q = P(t_3 > 2) = 0.070 (each z is over 4 evaluation batches), so a snapshot supports
+a raise with probability at most q (q^3 = 3.4e-4 were its three conditions independent), a stretch with at most
+q^4 = 2.4e-5, and the expected number of windows named by chance over the family is at most 460 x q^4 = 0.011. The
+snapshots share their evaluation batches, so they are not fully independent: were they one measurement, the bound
+would be 20 x q = 1.4 (one chance per run and window of positions); the parts of the update, each from its own
+step's training batch, differ between snapshots.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
 
-BLOCKS: dict[str, Callable[[Path], str]] = {}
+import numpy as np
+import pandas as pd
+import scipy.stats as sps
+from doc_blocks_dense import _e
+from doc_format import pct, results_dir, table
+from realstep_lookahead import ROLLOUT, STEPS
+
+from probe.gradients.realstep import Z_DETECT, RealStepConfig
+
+REALSTEP = ("gradients", "realstep")
+FILES = ("realstep", "verdicts", "rollout", "checks")
+COMMANDS = ("python -m probe.sweep study/sweeps/realstep.toml --out runs/realstep && python study/scripts/"
+            "realstep_lookahead.py runs/realstep/joint/seed{40,41,42,43,44} --work runs/realstep-lookahead")
+K = 4
+"""Consecutive snapshots that must each support a raise (RULE)."""
+GAP = STEPS[1] - STEPS[0]
+"""Steps between consecutive snapshots."""
+STEP_WINDOWS = ((250, 500), (550, 1000), (1050, 1500))
+"""The summary's windows of steps: before the counter forms in some seeds (``rnn0-until250`` fails 2 of 5), while it
+forms, after it (``rnn0-until1000`` holds 5 of 5)."""
+MOMENTS = "adamw-state"
+Q_NULL = float(sps.t.sf(Z_DETECT, df=RealStepConfig().eval_batches - 1))
+"""P(z > 2) for one condition under the null: a mean over the evaluation batches divided by its standard error."""
+RUN = ["variant", "seed"]
+SNAPSHOT = ["variant", "seed", "step"]
+
+RULE = (
+    "A snapshot supports a raise in a window of positions P when every instrument check of that snapshot passed, its "
+    "moments are the optimizer's own (`adamw-state`), and at P: attention's part, stepped at its real share of the "
+    "update, raises the state loss (`z_att` > 2), by more than the matched random step (`vs_matched_z` > 2), and the "
+    "50-step rollout without attention's gradient path ends lower there (`rollout_z` < -2: cut minus kept < 0 with "
+    "|z| > 2). Attention's part raises the beyond-range loss in window W of run R when at least 4 consecutive "
+    "snapshots of R (steps 50 apart, none missing or withheld) support a raise in the same P; W is the steps from "
+    "the first to the last snapshot of each such maximal stretch, named with P. A run with no such stretch reads "
+    "\"none found at real steps\". The family is every run x every window of positions beyond L x every stretch of 4 "
+    "consecutive measured snapshots (5 x 4 x 23 = 460 on the full grid). Under the null (no change in expectation; "
+    "snapshots independent) one condition is met by chance with probability q = P(t_3 > 2) = 0.070 (each z is over "
+    "4 evaluation batches), so a snapshot supports a raise with probability at most q (q^3 = 3.4e-4 were its three "
+    "conditions independent), a stretch with at most q^4 = 2.4e-5, and the expected number of windows named by "
+    "chance over the family is at most 460 x q^4 = 0.011. The snapshots share their evaluation batches, so they are "
+    "not fully independent: were they one measurement, the bound would be 20 x q = 1.4 (one chance per run and "
+    "window of positions); the parts of the update, each from its own step's training batch, differ between "
+    "snapshots.")
+
+
+def _read(root: Path) -> dict[str, pd.DataFrame] | None:
+    """The four CSVs the script writes together, or None before it has run."""
+    base = results_dir(root).joinpath(*REALSTEP)
+    if not all((base / f"{name}.csv").is_file() for name in FILES):
+        return None
+    return {name: pd.read_csv(base / f"{name}.csv") for name in FILES}
+
+
+def _not_run() -> str:
+    return f"Not run yet: `{COMMANDS}`."
+
+
+def _n(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def _run_name(variant: str, seed: int) -> str:
+    return f"`{variant}` seed {int(seed)}"
+
+
+def withheld(data: dict[str, pd.DataFrame]) -> pd.Series:
+    """Per snapshot (variant, seed, step): why its verdicts are withheld ('' when they are not): a failed instrument
+    check, or moments that are not the optimizer's own."""
+    checks = data["checks"]
+    failed = checks[(checks.kind == "instrument") & ~checks.passed.astype(bool)]
+    why = failed.groupby(SNAPSHOT).control.agg(lambda c: ", ".join(f"`{x}` failed" for x in sorted(set(c))))
+    snaps = data["verdicts"].groupby(SNAPSHOT).moments.agg(lambda m: sorted(set(m.dropna())))
+    out = pd.Series("", index=snaps.index, dtype=object)
+    for key, moments in snaps.items():
+        reasons = [why[key]] if key in why.index else []
+        if moments != [MOMENTS]:
+            reasons.append(f"moments {', '.join(map(str, moments)) or 'not recorded'}")
+        out[key] = "; ".join(reasons)
+    return out
+
+
+def judged(data: dict[str, pd.DataFrame]) -> pd.DataFrame:
+    """verdicts.csv with ``withheld`` (the reason, '' if none) and the rule's conditions per row: ``raises`` (z_att >
+    2), ``beyond_matched`` (vs_matched_z > 2), ``cut_lowers`` (rollout_z < -2) and ``supports`` (all three, not
+    withheld)."""
+    v = data["verdicts"].copy()
+    why = withheld(data)
+    v["withheld"] = [why.get(tuple(k), "") for k in v[SNAPSHOT].itertuples(index=False)]
+    v["raises"] = v.z_att > Z_DETECT
+    v["beyond_matched"] = v.vs_matched_z > Z_DETECT
+    v["cut_lowers"] = v.rollout_z < -Z_DETECT
+    v["supports"] = (v.withheld == "") & v.raises & v.beyond_matched & v.cut_lowers
+    return v
+
+
+def _runs_of_steps(steps: list[int]) -> list[list[int]]:
+    """``steps`` (sorted) cut into maximal runs of consecutive snapshots, GAP apart."""
+    out: list[list[int]] = []
+    for s in steps:
+        if out and s - out[-1][-1] == GAP:
+            out[-1].append(s)
+        else:
+            out.append([s])
+    return out
+
+
+def stretches(v: pd.DataFrame) -> pd.DataFrame:
+    """Every maximal stretch of consecutive supporting snapshots, per run and window of positions: ``first``,
+    ``last``, ``n``, and ``named`` (n >= K: the rule names it)."""
+    rows = []
+    for (variant, seed, positions), g in v.groupby(RUN + ["positions"], sort=False):
+        for run in _runs_of_steps(sorted(int(s) for s in g[g.supports].step)):
+            rows.append({"variant": variant, "seed": int(seed), "positions": positions, "first": run[0],
+                         "last": run[-1], "n": len(run), "named": len(run) >= K})
+    return pd.DataFrame(rows, columns=RUN + ["positions", "first", "last", "n", "named"])
+
+
+def family(v: pd.DataFrame) -> int:
+    """Stretches of K consecutive measured snapshots, over every run and window of positions: the rule's tests."""
+    n = 0
+    for _, g in v.groupby(RUN + ["positions"], sort=False):
+        n += sum(max(len(r) - K + 1, 0) for r in _runs_of_steps(sorted(int(s) for s in g.step.unique())))
+    return n
+
+
+def _fails_text(why: pd.Series) -> str:
+    bad = why[why != ""]
+    return "; ".join(f"{_run_name(variant, seed)} step {int(step)} ({reason})"
+                     for (variant, seed, step), reason in bad.items())
+
+
+def realstep_checks(root: Path) -> str:
+    """Each check's passes over the snapshots (the control per window of positions), the moments' source, and the
+    snapshots whose verdicts are withheld."""
+    data = _read(root)
+    if data is None:
+        return _not_run()
+    checks, why = data["checks"], withheld(data)
+    claims = data["verdicts"].set_index(SNAPSHOT + ["positions"]).verdict.isin(["raises", "lowers"])
+    rows = []
+    for (control, kind), g in checks.groupby(["control", "kind"], sort=False):
+        passed = f"{int(g.passed.astype(bool).sum())} of {len(g)}"
+        if g.positions.notna().any():
+            # a window without a raise or lowering has nothing for the control to refute, and passes
+            tested = int(sum(claims.get(tuple(k), False) for k in g[SNAPSHOT + ["positions"]].itertuples(index=False)))
+            passed += f" snapshot-windows ({tested} with a raise or lowering to test)"
+        else:
+            passed += " snapshots"
+        rows.append([f"`{control}`", kind, passed, f"{len(g.drop_duplicates(SNAPSHOT))}"])
+    text = table(["row", "kind", "passed", "snapshots with the row"], rows)
+    n_runs = len(why.reset_index().drop_duplicates(RUN))
+    moments = sorted(set(data["verdicts"].moments.dropna()) | set(data["realstep"].moments.dropna()))
+    text += (f"\n\n{_n(len(why), 'snapshot')} of {_n(n_runs, 'run')}; moments used: "
+             f"{', '.join(f'`{m}`' for m in moments) or 'none recorded'}. ")
+    if (why == "").all():
+        text += "Every snapshot passed every instrument check, so no verdict is withheld."
+    else:
+        text += (f"{int((why != '').sum())} of {len(why)} snapshots are withheld (a failed instrument check or "
+                 f"moments not the optimizer's own): {_fails_text(why)}. Their verdicts are not read below, and a "
+                 "withheld snapshot breaks a stretch of the rule.")
+    bad = checks[(checks.kind == "control") & ~checks.passed.astype(bool)]
+    if len(bad):
+        text += (f" The control `realstep_vs_matched_random` failed in {len(bad)} snapshot-windows: a raise or "
+                 "lowering no larger than the matched random step's, read as the matched random explaining it (not "
+                 "withheld: the rule's second condition).")
+    return text
+
+
+def _med_range(x: pd.Series) -> str:
+    x = x.dropna()
+    return "–" if x.empty else f"{pct(x.median())} ({pct(x.min())}–{pct(x.max())})"
+
+
+def _count(mask: pd.Series) -> str:
+    return f"{int(mask.sum())}"
+
+
+def _median(x: pd.Series, fmt: str = "+.1f") -> str:
+    x = x.dropna()
+    return "–" if x.empty else format(float(x.median()), fmt)
+
+
+def realstep_windows(root: Path) -> str:
+    """Per run, window of steps and window of positions: attention's share of |u|, its change of the state loss and
+    z, against the matched random, the rollout's cut - kept, and whether the rollout reproduces the verdict."""
+    data = _read(root)
+    if data is None:
+        return _not_run()
+    v = judged(data)
+    read = v[v.withheld == ""]
+    rows = []
+    for (variant, seed), run in read.groupby(RUN, sort=True):
+        inside = np.zeros(len(run), dtype=bool)
+        spans = []
+        for lo, hi in STEP_WINDOWS:
+            at = ((run.step >= lo) & (run.step <= hi)).to_numpy()
+            inside |= at
+            spans.append((f"{lo}–{hi}", run[at]))
+        spans.append(("other steps", run[~inside]))  # a run measured at steps outside the grid's is still shown
+        for label, w in spans:
+            if w.empty:
+                continue
+            for positions, g in w.groupby("positions", sort=False):
+                lowers = g.z_att < -Z_DETECT
+                agrees = (g.raises & g.cut_lowers) | (lowers & (g.rollout_z > Z_DETECT))
+                contradicts = (g.raises & (g.rollout_z > Z_DETECT)) | (lowers & g.cut_lowers)
+                rows.append([_run_name(variant, seed), label, positions, len(g), _med_range(g.fraction_att),
+                             _e(g.dL_att.median()), f"{_median(g.z_att)} · {_count(g.raises)} / {_count(lowers)}",
+                             f"{_median(g.vs_matched_z)} · {_count(g.beyond_matched)}",
+                             f"{_e(g.rollout_cut_minus_kept.median())} · {_count(g.cut_lowers)}",
+                             f"{_count(agrees)} / {_count(contradicts)} of {_count(g.raises | lowers)}",
+                             _count(g.supports)])
+    if not rows:
+        return "Every snapshot is withheld (a failed instrument check, listed above): no verdict is read."
+    text = table(["run", "steps", "positions", "snapshots", "att's share of \\|u\\|, % median (range)",
+                  "dL_att median", "z_att median · raises / lowers", "vs matched z median · > 2",
+                  f"rollout cut − kept median · cut lowers ({ROLLOUT} steps)",
+                  "rollout agrees / contradicts, of verdicts", "snapshots supporting a raise"], rows)
+    n_held = v[v.withheld != ""].drop_duplicates(SNAPSHOT)
+    if len(n_held):
+        text += (f"\n\nLeft out of this table: {_n(len(n_held), 'withheld snapshot')} (a failed instrument check, "
+                 "listed above).")
+    return text
+
+
+def _sign(z: float) -> str:
+    return "?" if not np.isfinite(z) else "+" if z > Z_DETECT else "−" if z < -Z_DETECT else "0"
+
+
+def realstep_steps(root: Path) -> str:
+    """Every snapshot in one cell per run: attention's share of |u| and, per window of positions, three signs (z_att,
+    vs_matched_z, the rollout's cut - kept z), bold where the snapshot supports a raise."""
+    data = _read(root)
+    if data is None:
+        return _not_run()
+    v = judged(data)
+    runs = sorted({(str(a), int(b)) for a, b in v[RUN].itertuples(index=False)})
+    cells: dict[tuple[str, int, int], str] = {}
+    for (variant, seed, step), g in v.groupby(SNAPSHOT, sort=False):
+        if g.withheld.iloc[0]:
+            cells[(variant, int(seed), int(step))] = "withheld"
+            continue
+        codes = []
+        for r in g.itertuples():
+            code = _sign(r.z_att) + _sign(r.vs_matched_z) + _sign(r.rollout_z)
+            codes.append(f"**{code}**" if r.supports else code)
+        cells[(variant, int(seed), int(step))] = f"{pct(g.fraction_att.iloc[0])} · {' '.join(codes)}"
+    steps = sorted({int(s) for s in v.step})
+    rows = [[step, *[cells.get((variant, seed, step), "–") for variant, seed in runs]] for step in steps]
+    order = ", ".join(v.drop_duplicates("positions").positions)
+    return (f"Each cell: attention's share of \\|u\\| in %, then per window of positions ({order}) three signs: "
+            f"`z_att`, `vs_matched_z`, the rollout's cut − kept z (+ above 2, − below −2, 0 between, ? not "
+            f"measured). `++−` is a snapshot that supports a raise (bold where no check withholds it).\n\n"
+            + table(["step", *[_run_name(variant, seed) for variant, seed in runs]], rows))
+
+
+def realstep_statement(root: Path) -> str:
+    """The pre-registered statement (RULE): the windows where attention's part raises the beyond-range loss, per
+    run, or "none found at real steps", with the family's size and its bound under the null."""
+    data = _read(root)
+    if data is None:
+        return (f"{_not_run()} Until it has run, this page states no window where attention's part raises the "
+                "beyond-range loss at real steps.")
+    v = judged(data)
+    found = stretches(v)
+    tests = family(v)
+    n_runs, n_positions = len(v.drop_duplicates(RUN)), v.positions.nunique()
+    seeds = sorted(int(s) for s in v.seed.unique())
+    rows = []
+    for (variant, seed), run in v.groupby(RUN, sort=True):
+        read = run[run.withheld == ""]
+        named = found[(found.variant == variant) & (found.seed == seed) & found.named]
+        longest = found[(found.variant == variant) & (found.seed == seed)].n.max()
+        rows.append([_run_name(variant, seed), f"{run.step.nunique()} ({run[run.withheld != ''].step.nunique()})",
+                     f"{int(read.raises.sum())} → {int((read.raises & read.beyond_matched).sum())} → "
+                     f"{int(read.supports.sum())} of {len(read)}",
+                     f"{int(longest) if np.isfinite(longest) else 0}",
+                     "; ".join(f"{r.positions}, steps {r.first}–{r.last} ({r.n} snapshots)"
+                               for r in named.itertuples()) or "none found at real steps"])
+    text = table(["run", "snapshots (withheld)", "snapshot-windows: raises → beyond matched → rollout lowers with "
+                  "the cut", "longest stretch supporting a raise", f"windows named (≥ {K} in a row)"], rows)
+    read = v[v.withheld == ""]
+    explained = read.raises & ~read.beyond_matched
+    text += (f"\n\nThe family: {_n(n_runs, 'run')} × {_n(n_positions, 'window')} of positions, {tests} stretches "
+             f"of {K} consecutive measured snapshots in all. Under the null one condition is met by chance with "
+             f"probability q = P(t_{RealStepConfig().eval_batches - 1} > {Z_DETECT:g}) = {Q_NULL:.3f}, a stretch "
+             f"with at most q^{K} = {Q_NULL ** K:.1e}, so at most {tests * Q_NULL ** K:.3f} windows are expected by "
+             f"chance (with independent snapshots; one chance per run and window of positions, "
+             f"{n_runs * n_positions} × q = {n_runs * n_positions * Q_NULL:.2f}, were they one measurement). "
+             f"In {int(explained.sum())} of the {int(read.raises.sum())} snapshot-windows where attention's part "
+             "raised the loss, the raise was no larger than the matched random step's: the matched random explains "
+             "it, and the rule does not count it.")
+    withheld_n = v[v.withheld != ""].drop_duplicates(SNAPSHOT)
+    if len(withheld_n):
+        text += (f" Withheld (a failed instrument check, above): {_n(len(withheld_n), 'snapshot')}, whose verdicts "
+                 "count for nothing and break the stretches they fall in.")
+    grid = f"{_n(n_runs, 'run')} (seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))})"
+    named = found[found.named]
+    if named.empty:
+        best = found.loc[found.n.idxmax()] if len(found) else None
+        closest = (f"; the longest stretch was {int(best.n)} snapshot{'s' if best.n > 1 else ''} "
+                   f"({_run_name(best.variant, best.seed)}, {best.positions}, steps {best.first}–{best.last})"
+                   if best is not None else "; no snapshot supported a raise")
+        return text + (f"\n\n**None found at real steps**: in none of the {grid} did attention's part, at its "
+                       f"real share of the update, raise the state loss in a window beyond L in {K} consecutive "
+                       f"snapshots by more than the matched random step with the cut rollout lowering it"
+                       f"{closest}.")
+    where = "; ".join(f"{_run_name(variant, seed)}: "
+                      + ", ".join(f"{r.positions} over steps {r.first}–{r.last}" for r in g.itertuples())
+                      for (variant, seed), g in named.groupby(RUN, sort=True))
+    clear = sorted({_run_name(variant, seed) for variant, seed in v[RUN].drop_duplicates().itertuples(index=False)}
+                   - {_run_name(variant, seed) for variant, seed in named[RUN].itertuples(index=False)})
+    n_named = len(named[RUN].drop_duplicates())
+    return text + (f"\n\n**Attention's part raises the beyond-range loss at real steps** in {n_named} of the {grid}: "
+                   f"{where}." + (f" None found at real steps in {', '.join(clear)}." if clear else ""))
+
+
+BLOCKS: dict[str, Callable[[Path], str]] = {
+    "realstep-checks": realstep_checks,
+    "realstep-windows": realstep_windows,
+    "realstep-steps": realstep_steps,
+    "realstep-statement": realstep_statement,
+}

@@ -1,0 +1,195 @@
+"""study/scripts/doc_blocks_realstep.py: the pre-registered statement of the real-step lookahead comes out each way on
+synthetic results written in the script's own layout (its ``collect``, with the verdicts, controls and rollout
+outcomes of ``probe.gradients.realstep``), a failed instrument check withholds its snapshot, and the rule in the
+module is the rule in study/docs/gradients.md."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from probe.core.rows import threshold_row
+from probe.gradients import realstep as RS
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = ROOT / "study" / "scripts"
+WINDOWS = ["(1x, 2x]", "(2x, 4x]", "(4x, 8x]", "(8x, 16x]"]
+NULL = (0.4, 0.3, -0.5)
+"""(z_att, vs_matched_z, rollout_z) of a window where nothing is detected."""
+RAISE = (3.5, 3.0, -4.0)
+"""A raise beyond the matched random that the cut rollout reproduces: every condition of the rule."""
+SE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def S():
+    sys.path.insert(0, str(SCRIPTS))
+    try:
+        import doc_blocks_realstep
+        import realstep_lookahead
+    finally:
+        sys.path.remove(str(SCRIPTS))
+    return realstep_lookahead, doc_blocks_realstep
+
+
+def snapshot(seed: int, step: int, effects: dict[str, tuple[float, float, float]], share: float = 0.05,
+             adamw_error: float = 1e-6) -> dict:
+    """One snapshot's rows as ``realstep_lookahead.measure`` returns them, built by probe's own ``verdicts``,
+    ``controls`` and ``outcome`` from attention's rows: ``effects`` maps a window to (z_att, vs_matched_z,
+    rollout_z), NULL elsewhere; ``adamw_error`` above the tolerance fails ``realstep_matches_adamw``."""
+    name = f"runs/realstep/joint/seed{seed}/trajectory/step_{step:06d}.pt"
+    common = {"step_norm": share, "fraction_of_update": share, "moments": "adamw-state", "update_norm": 1.0}
+    rows = [{"part": "att", "loss": "train", "positions": "<=L", "dL": -1e-3, "dL_se": SE, "z": -10.0, **common}]
+    for w in WINDOWS:
+        z_att, z_m, _ = effects.get(w, NULL)
+        rows.append({"part": "att", "loss": "state", "positions": w, "dL": z_att * SE, "dL_se": SE, "z": z_att,
+                     "vs_matched": z_m * SE, "vs_matched_se": SE, "vs_matched_z": z_m, **common})
+    rows = pd.DataFrame(rows)
+    verdict = RS.verdicts(rows)
+    checks = RS.controls(name, {"sum_error": 0.0, "match_error": 0.0}, verdict)
+    checks.append(threshold_row(name, "realstep_matches_adamw", adamw_error, RS.ADAMW_TOL, "the kept first step"))
+    roll = [effects.get(w, NULL)[2] for w in verdict.positions]
+    verdict = verdict.assign(moments="adamw-state", fraction_rec=0.3, fraction_momentum=0.9, fraction_decay=0.002,
+                             rollout_steps=50, rollout_cut_minus_kept=[z * SE for z in roll], rollout_z=roll,
+                             rollout_reproduced=True)
+    verdict["rollout_outcome"] = verdict.rollout_z.map(RS.outcome)
+    rollout = [{"loss": "state", "positions": w, "loss_kept": 3.0, "loss_cut": 3.0 + z * SE, "cut_minus_kept": z * SE,
+                "cut_minus_kept_se": SE, "cut_minus_kept_z": z, "rollout_steps": 50}
+               for w, z in zip(verdict.positions, roll, strict=True)]
+    keep = {"checkpoint": name, "run": f"joint/seed{seed}", "variant": "joint", "seed": seed, "step": step}
+    return {"realstep": [{**keep, **r} for r in rows.to_dict("records")],
+            "verdicts": [{**keep, **r} for r in verdict.to_dict("records")],
+            "rollout": [{**keep, **r} for r in rollout], "controls": [{**keep, **c} for c in checks]}
+
+
+def write(S, root: Path, effects: dict[tuple[int, str, int], tuple[float, float, float]] | None = None,
+          failed: frozenset[tuple[int, int]] = frozenset(), seeds=(40, 41)) -> Path:
+    """The grid's results at every step of the script's default: ``effects[(seed, window, step)]`` overrides NULL,
+    ``failed`` holds the (seed, step) whose ``realstep_matches_adamw`` fails."""
+    R, _ = S
+    effects = effects or {}
+    objs = [snapshot(seed, step, {w: effects[(seed, w, step)] for w in WINDOWS if (seed, w, step) in effects},
+                     adamw_error=1.0 if (seed, step) in failed else 1e-6)
+            for seed in seeds for step in R.STEPS]
+    R.collect(objs, root / "study" / "results" / "gradients" / "realstep")
+    return root
+
+
+def raise_over(seed: int, window: str, steps, effect=RAISE) -> dict:
+    return {(seed, window, s): effect for s in steps}
+
+
+def blocks(S, root: Path) -> dict[str, str]:
+    return {name: f(root) for name, f in S[1].BLOCKS.items()}
+
+
+def test_the_csvs_are_in_the_script_s_layout(S, tmp_path):
+    R, _ = S
+    base = write(S, tmp_path) / "study" / "results" / "gradients" / "realstep"
+    assert list(pd.read_csv(base / "verdicts.csv").columns) == R.VERDICT_COLUMNS
+    assert list(pd.read_csv(base / "realstep.csv").columns) == R.REALSTEP_COLUMNS
+    assert list(pd.read_csv(base / "rollout.csv").columns) == R.ROLLOUT_COLUMNS
+
+
+def test_a_raise_in_one_window_is_named_with_its_run_window_and_steps(S, tmp_path):
+    root = write(S, tmp_path, raise_over(40, "(2x, 4x]", range(600, 801, 50)))
+    b = blocks(S, root)
+    statement = b["realstep-statement"]
+    assert ("**Attention's part raises the beyond-range loss at real steps** in 1 of the 2 runs (seeds 40, 41): "
+            "`joint` seed 40: (2x, 4x] over steps 600–800.") in statement
+    assert "None found at real steps in `joint` seed 41." in statement
+    assert "**None found at real steps**" not in statement
+    assert "2 runs × 4 windows of positions, 184 stretches of 4" in statement  # 2 x 4 x (26 - 4 + 1)
+    # the window's row: 5 supporting snapshots, each verdict a raise that the rollout reproduces
+    row = next(line for line in b["realstep-windows"].splitlines()
+               if line.startswith("| `joint` seed 40 | 550–1000 | (2x, 4x] |"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[3] == "10" and cells[4] == "5.0 (5.0–5.0)"
+    assert cells[6].endswith("· 5 / 0") and cells[7].endswith("· 5") and cells[9] == "5 / 0 of 5"
+    assert cells[10] == "5"
+    steps = {line.split("|")[1].strip(): line for line in b["realstep-steps"].splitlines()[4:]}
+    assert "**++−**" in steps["700"] and "**" not in steps["550"] and "**" not in steps["850"]
+    assert "Every snapshot passed every instrument check" in b["realstep-checks"]
+
+
+def test_no_raise_reads_none_found(S, tmp_path):
+    statement = blocks(S, write(S, tmp_path))["realstep-statement"]
+    assert "**None found at real steps**: in none of the 2 runs (seeds 40, 41)" in statement
+    assert "no snapshot supported a raise" in statement
+    assert "raises the beyond-range loss at real steps**" not in statement
+
+
+@pytest.mark.parametrize("n, named", [(3, False), (4, True)])
+def test_the_rule_needs_four_consecutive_snapshots(S, tmp_path, n, named):
+    last = 600 + 50 * (n - 1)
+    statement = blocks(S, write(S, tmp_path, raise_over(41, "(8x, 16x]", range(600, last + 1, 50))))[
+        "realstep-statement"]
+    if named:
+        assert f"`joint` seed 41: (8x, 16x] over steps 600–{last}." in statement
+    else:
+        assert "**None found at real steps**" in statement
+        assert f"the longest stretch was {n} snapshots (`joint` seed 41, (8x, 16x], steps 600–{last})" in statement
+
+
+def test_a_raise_that_the_matched_random_explains_too_is_not_named(S, tmp_path):
+    explained = (3.5, 0.5, -4.0)  # attention's part raises the loss, and the cut lowers it, but no more than random
+    b = blocks(S, write(S, tmp_path, raise_over(40, "(2x, 4x]", range(600, 801, 50), explained)))
+    assert "**None found at real steps**" in b["realstep-statement"]
+    assert ("In 5 of the 5 snapshot-windows where attention's part raised the loss, the raise was no larger than the "
+            "matched random step's") in b["realstep-statement"]
+    assert "The control `realstep_vs_matched_random` failed in 5 snapshot-windows" in b["realstep-checks"]
+
+
+@pytest.mark.parametrize("rollout_z, agreement", [(0.5, "0 / 0 of 5"), (4.0, "0 / 5 of 5")])
+def test_a_raise_that_the_rollout_does_not_reproduce_is_not_named(S, tmp_path, rollout_z, agreement):
+    b = blocks(S, write(S, tmp_path, raise_over(40, "(2x, 4x]", range(600, 801, 50), (3.5, 3.0, rollout_z))))
+    assert "**None found at real steps**" in b["realstep-statement"]
+    row = next(line for line in b["realstep-windows"].splitlines()
+               if line.startswith("| `joint` seed 40 | 550–1000 | (2x, 4x] |"))
+    assert [c.strip() for c in row.strip("|").split("|")][9] == agreement
+
+
+@pytest.mark.parametrize("failed_step, named", [(700, False), (900, True)])
+def test_a_failed_instrument_check_withholds_its_snapshot(S, tmp_path, failed_step, named):
+    root = write(S, tmp_path, raise_over(40, "(2x, 4x]", range(600, 801, 50)), failed=frozenset({(40, failed_step)}))
+    b = blocks(S, root)
+    assert "| `realstep_matches_adamw` | instrument | 51 of 52 snapshots | 52 |" in b["realstep-checks"]
+    assert (f"1 of 52 snapshots are withheld (a failed instrument check or moments not the optimizer's own): `joint` "
+            f"seed 40 step {failed_step} (`realstep_matches_adamw` failed)") in b["realstep-checks"]
+    assert "Left out of this table: 1 withheld snapshot" in b["realstep-windows"]
+    cell = next(line for line in b["realstep-steps"].splitlines() if line.startswith(f"| {failed_step} |"))
+    assert cell.split("|")[2].strip() == "withheld"
+    assert "Withheld (a failed instrument check, above): 1 snapshot" in b["realstep-statement"]
+    if named:  # outside the stretch: the window stands
+        assert "`joint` seed 40: (2x, 4x] over steps 600–800." in b["realstep-statement"]
+    else:  # inside it: 600-650 and 750-800 are two stretches of 2
+        assert "**None found at real steps**" in b["realstep-statement"]
+        assert "the longest stretch was 2 snapshots" in b["realstep-statement"]
+
+
+def test_before_the_grid_every_block_names_its_command(S, tmp_path):
+    for name, text in blocks(S, tmp_path).items():
+        assert text.startswith("Not run yet: `python -m probe.sweep study/sweeps/realstep.toml"), name
+        assert "study/scripts/realstep_lookahead.py runs/realstep/joint/seed{40,41,42,43,44}" in text, name
+
+
+def _words(text: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"^> ", "", text, flags=re.M)).strip()
+
+
+def test_the_rule_is_written_verbatim_in_the_module_and_the_doc_and_its_numbers_are_the_design_s(S):
+    R, M = S
+    rule = _words(M.RULE)
+    assert rule in _words(M.__doc__) and rule in _words((ROOT / "study" / "docs" / "gradients.md").read_text())
+    grid_runs = 5  # sweeps/realstep.toml's seeds
+    tests = grid_runs * len(WINDOWS) * (len(R.STEPS) - M.K + 1)
+    assert f"{grid_runs} x {len(WINDOWS)} x {len(R.STEPS) - M.K + 1} = {tests}" in rule
+    assert f"q = P(t_3 > 2) = {M.Q_NULL:.3f}" in rule and f"q^{M.K} = {M.Q_NULL ** M.K:.1e}".replace("e-05", "e-5") \
+        in rule
+    assert f"{tests} x q^{M.K} = {tests * M.Q_NULL ** M.K:.3f}" in rule
+    assert f"{grid_runs * len(WINDOWS)} x q = {grid_runs * len(WINDOWS) * M.Q_NULL:.1f}" in rule
+    assert f"at least {M.K} consecutive" in rule and R.ROLLOUT == 50 and M.GAP == 50
