@@ -12,6 +12,7 @@ import pandas as pd
 from doc_format import can_reach, descriptive, grid_of, min_adjusted_text, p_text, pct, per_seed, results_dir, table
 
 from probe.core.stats import fisher_p, holm, permutation_p, welch_interval
+from probe.sweep.claims import judge, load_claims
 from probe.sweep.compare import RECIPE_TARGET, meets_target, newcombe_interval, parse_target
 
 PRESETS = {"joint": "`hybrid-joint` (2 blocks)", "dat": "`hybrid-dat` (2 blocks)",
@@ -232,7 +233,47 @@ def fresh_replay(root: Path) -> str:
     return text
 
 
+def fresh_status(root: Path) -> str:
+    """How much of the grid is committed: complete (every fresh seed of every variant), or how many runs of how
+    many, per variant where they differ."""
+    runs = _fresh(root)
+    total = len(PRESETS) * len(PRECISIONS) * len(SEEDS)
+    if runs is None:
+        return f"No run of `study/sweeps/fresh.toml` is committed yet (0 of {total})."
+    per = {f"{stem}-{prec}": len(_of(runs, f"{stem}-{prec}")) for stem in PRESETS for prec in PRECISIONS}
+    if len(runs) == total and set(per.values()) == {len(SEEDS)}:
+        return (f"The grid is complete: all {total} runs, seeds {SEEDS[0]}-{SEEDS[-1]} of each of the "
+                f"{len(per)} variants. The tables count every one.")
+    counts = ", ".join(f"{v} {n}" for v, n in per.items())
+    return (f"The grid is not finished: {len(runs)} of {total} runs are committed ({counts} seeds), and the tables "
+            "count those and say how many.")
+
+
+def _verdict_kind(row: dict) -> str:
+    if row["confirmed"] is not None:
+        return "Confirmed" if row["confirmed"] else "Not confirmed"
+    return "Not testable" if row["verdict"].startswith("not testable") else "Pending"
+
+
+def fresh_claims(root: Path) -> str:
+    """Every pre-registered claim of study/claims.toml judged on the committed fresh runs (``probe.sweep.claims``,
+    the same judgement as ``--confirm``), grouped by verdict."""
+    runs = _fresh(root)
+    if runs is None:
+        return "No run of `study/sweeps/fresh.toml` is committed yet: every claim is pending."
+    rows = judge(load_claims(root / "study" / "claims.toml"), runs)
+    lines = []
+    for kind in ("Confirmed", "Not confirmed", "Not testable", "Pending"):
+        group = [r for r in rows if _verdict_kind(r) == kind]
+        if group:
+            lines.append(f"- **{kind} ({len(group)} of {len(rows)}):**")
+            lines += [f"  - `{r['claim']}`: {r['text']}. Verdict: {r['verdict']}." for r in group]
+    return "\n".join(lines)
+
+
 BLOCKS = {
+    "fresh-status": fresh_status,
+    "fresh-claims": fresh_claims,
     "fresh-windows": fresh_windows,
     "fresh-seeds": fresh_seeds,
     "fresh-precision": fresh_precision,

@@ -29,13 +29,15 @@ def _check(root: Path) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def copy(tmp_path_factory) -> Path:
-    """README, docs, the study's front page, docs and results, in a scratch tree that a test may damage."""
+    """README, docs, the study's front page, docs, results and pre-registered claims (with the sweeps they name), in
+    a scratch tree that a test may damage."""
     root = tmp_path_factory.mktemp("repo")
     shutil.copy(ROOT / "README.md", root)
     shutil.copytree(ROOT / "docs", root / "docs")
-    for part in ("docs", "results"):
+    for part in ("docs", "results", "sweeps"):
         shutil.copytree(ROOT / "study" / part, root / "study" / part)
-    shutil.copy(ROOT / "study" / "README.md", root / "study")
+    for name in ("README.md", "claims.toml"):
+        shutil.copy(ROOT / "study" / name, root / "study")
     return root
 
 
