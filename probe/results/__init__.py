@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import re
@@ -32,6 +30,10 @@ _SEED_DIR = re.compile(r"^seed(-?\d+)$")
 # Training logs are for plots and thresholds (did the LSTM phase reach 95 % by step S?): 6 significant digits keep
 # every such decision and cut the file to a third.
 _LOG_DIGITS = 6
+# A run summary's floats are written to 6 significant digits too, for the reader of the file; the loader gives back
+# the exact values from the counts beside them (``_restore``): 6 digits alone would not keep every threshold (a
+# token accuracy c / n within 5e-7 of 0.99 rounds onto it once n > 20 000, and the windows count up to 41 000).
+_SUMMARY_DIGITS = 6
 
 
 @dataclass
@@ -388,11 +390,42 @@ def _from_compact(path: Path) -> Grid:
     name = path.name
     if (path / SWEEP).exists():
         name = json.loads((path / SWEEP).read_text()).get("config", {}).get("name", name)
-    runs = pd.DataFrame(summaries)
     windows = pd.DataFrame(columns=_WINDOW_COLUMNS)
     if (path / WINDOWS).exists():
         windows = _tidy_windows(pd.read_csv(path / WINDOWS, dtype={"variant": str}, converters={"seq_acc": _seq_value}))
-    return Grid(name, runs, _tidy_curves(curve, runs), training, {}, "compact", windows)
+    runs = pd.DataFrame(summaries)
+    curves = _tidy_curves(curve, runs)
+    runs = pd.DataFrame(_restore(summaries, curves, windows))
+    return Grid(name, runs, curves, training, {}, "compact", windows)
+
+
+def _significant(x: Any, digits: int) -> Any:
+    """A finite float to ``digits`` significant digits; anything else as it is."""
+    return float(f"{x:.{digits}g}") if isinstance(x, float) and math.isfinite(x) else x
+
+
+def _score(curve: pd.DataFrame, train_length: int, factor: int = 3) -> dict[str, float]:
+    """``probe.evaluate.lengthgen_score`` (which imports torch), the same computation on the same rows."""
+    beyond = curve[(curve.length > train_length) & (curve.length <= factor * train_length)]
+    return {s: float(g.token_acc.mean()) for s, g in beyond.groupby("subtask")}
+
+
+def _restore(summaries: list[dict[str, Any]], curves: pd.DataFrame, windows: pd.DataFrame) -> list[dict[str, Any]]:
+    """The run summaries with each float that the counts beside it give (its accuracies at the multiples of L_train
+    and its scores from ``curves``, its window accuracies from ``windows``) back as the exact value it was rounded
+    from. A value is replaced only where it is that value to ``_SUMMARY_DIGITS``: one written by hand stays."""
+    per_window = window_columns(windows) if len(windows) else {}
+    per_run = dict(tuple(curves.groupby("run", sort=False))) if len(curves) else {}
+    out = []
+    for s in summaries:
+        exact: dict[str, Any] = dict(per_window.get(s.get("run"), {}))
+        curve = per_run.get(s.get("run"))
+        if curve is not None and s.get("train_length") is not None:
+            lt = int(s["train_length"])
+            exact.update(run_summary(s["variant"], s["seed"], curve, _score(curve, lt), {"train_length": lt}))
+        out.append({k: exact[k] if isinstance(v, float) and isinstance(exact.get(k), float)
+                    and _significant(exact[k], _SUMMARY_DIGITS) == v else v for k, v in s.items()})
+    return out
 
 
 def _read_curves(path: Path) -> pd.DataFrame:
@@ -402,7 +435,12 @@ def _read_curves(path: Path) -> pd.DataFrame:
     # pandas parses floats round-trip exactly; a share of sequences may be written as a fraction (_seq_text)
     wide = pd.read_csv(path, dtype={"variant": str},
                        converters={c: _seq_value for c in header if c.endswith("_seq")})
-    subtasks = [c[:-2] for c in wide.columns if c.endswith("_n")]
+    subtasks = [c[:-len("_seq")] for c in wide.columns if c.endswith("_seq")]  # every subtask has its share
+    for t in subtasks:
+        for col in ("n", "correct"):
+            sources = _sum_of(t, col)
+            if f"{t}_{col}" not in wide and sources and all(c in wide for c in sources):
+                wide[f"{t}_{col}"] = sum(wide[c] for c in sources)  # a column the writer left out (_sum_of)
     frames = []
     for t in subtasks:
         part = wide[["variant", "seed", "length", f"{t}_n", f"{t}_correct", f"{t}_seq"]].dropna(subset=[f"{t}_n"])
@@ -443,6 +481,50 @@ def merge(old: Grid, new: Grid) -> Grid:
                 _concat_windows([old.windows, new.windows]))
 
 
+def _sum_of(subtask: str, col: str) -> tuple[str, ...]:
+    """The curves.csv columns whose sum a column of ``subtask`` is, where the task makes it so: the answers of "all"
+    are the state's and the recall's together, and the state modulo a factor of m is asked where the state is.
+    ``write_grid`` leaves such a column out when the sum holds on every row of the grid."""
+    if col not in ("n", "correct"):
+        return ()
+    if subtask == "all":
+        return (f"state_{col}", f"recall_{col}")
+    if subtask.startswith("state_mod") and col == "n":
+        return ("state_n",)
+    return ()
+
+
+def _curves_text(c: pd.DataFrame) -> str:
+    """``curves.csv``: one line per run x length, the subtasks side by side (half the size of one line per
+    subtask), less the columns that are the sum of others on every line (``_sum_of``)."""
+    key = ["variant", "seed", "length"]
+    if c.empty:
+        return ",".join(key) + "\n"
+    subtasks = list(dict.fromkeys(c.subtask))
+    c = c.drop_duplicates([*key, "subtask"], keep="last")
+    lines = c[key].drop_duplicates().reset_index(drop=True)
+    lines = lines.assign(seed=lines.seed.astype(int), length=lines.length.astype(int))
+    n = c.n_tokens.astype(int)
+    acc = c.token_acc.astype(float)
+    # right / asked was rounded once; rounding back recovers the integer exactly (asked < 2^52)
+    c = c.assign(seed=c.seed.astype(int), length=c.length.astype(int), n=n,
+                 correct=[round(a * k) if k and math.isfinite(a) else 0 for a, k in zip(acc, n, strict=True)],
+                 seq=c.seq_acc.map(_seq_text))
+    columns: dict[str, pd.Series] = {}
+    for t in subtasks:
+        part = lines.merge(c[c.subtask == t][[*key, "n", "correct", "seq"]], on=key, how="left")
+        columns[f"{t}_n"], columns[f"{t}_correct"] = part.n.astype("Int64"), part.correct.astype("Int64")
+        columns[f"{t}_seq"] = part.seq.fillna("")
+    for name in list(columns):
+        t, _, col = name.rpartition("_")
+        sources = _sum_of(t, col)
+        if sources and all(s in columns for s in sources) and columns[name].notna().all() \
+                and (columns[name] == sum(columns[s] for s in sources)).fillna(False).all():
+            del columns[name]
+    wide = pd.concat([lines, pd.DataFrame(columns)], axis=1)
+    return wide.to_csv(index=False, lineterminator="\n")
+
+
 def _seq_text(x: float) -> str:
     """A share of sequences as the fraction it is (``4/15``; ``1``, ``0``), which reads back as the same float; a
     float that is no such fraction as its repr. A third of curves.csv's size was these shares' 17 digits."""
@@ -463,16 +545,19 @@ def _seq_value(text: str) -> float:
 
 
 def write_grid(grid: Grid, dst: str | Path) -> list[Path]:
-    """Write ``grid`` in compact form to ``dst`` (created if needed); returns the files written. Three files, none
+    """Write ``grid`` in compact form to ``dst`` (created if needed); returns the files written. Up to four files, none
     indented:
 
     - ``runs.jsonl``: one line per run, its summary: ``variant, seed, run, label, train_length, steps, wall_s,
       precision, optimizer_impl, schedule, switch_step, eval_samples, eval_lengths`` (the lengths grammar), and per
       subtask ``{subtask}_acc_{f}x`` (token accuracy), ``{subtask}_seq_acc_{f}x`` (every answer of a sequence right)
       at each evaluated multiple f of L_train (1-4, 8, 16) and ``{subtask}_score`` (mean token accuracy over
-      (L, 3L]);
-    - ``curves.csv``: every run's accuracy at every evaluated length, ``variant, seed, length, subtask, n_tokens,
-      correct, seq_acc``; token accuracy is ``correct / n_tokens``, so it reads back bit for bit;
+      (L, 3L]); floats to 6 significant digits, which the loader makes exact again from the counts in curves.csv and
+      windows.csv (``_restore``);
+    - ``curves.csv``: every run's accuracy at every evaluated length, one line per run x length with per subtask
+      ``{subtask}_n`` (answers asked), ``{subtask}_correct`` and ``{subtask}_seq`` (share of sequences all right);
+      token accuracy is ``correct / n``, so it reads back bit for bit. A column that is the sum of others on every
+      line (``_sum_of``: the answers of "all" are the state's and the recall's) is left out and read back as that sum;
     - ``training.csv``: every run's ``metrics.jsonl`` (evaluation during training), with ``variant, seed`` columns,
       numbers to 6 significant digits; the per-step lines a gradient policy adds are not read into it;
     - ``windows.csv`` (where the evaluation had windows): ``variant, seed, window, lo, hi, beyond, subtask, n_tokens,
@@ -482,45 +567,32 @@ def write_grid(grid: Grid, dst: str | Path) -> list[Path]:
     """
     dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, text in grid_texts(grid).items():
+        (dst / name).write_text(text)
+        paths.append(dst / name)
+    return paths
+
+
+def grid_texts(grid: Grid) -> dict[str, str]:
+    """The compact files of ``grid`` (``write_grid``), file name -> text, without writing them."""
     from probe.cli import tidy
 
-    runs = [{k: int(v) if k in _INT_KEYS and v is not None else v for k, v in r.items()}
-            for r in tidy(grid.runs.to_dict("records"))]
-    (dst / RUNS).write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in runs))
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    c = grid.curves
-    subtasks = list(dict.fromkeys(c.subtask))
-    w.writerow(["variant", "seed", "length", *(f"{t}_{col}" for t in subtasks for col in ("n", "correct", "seq"))])
-    # one line per run x length, the subtasks side by side: half the size of one line per subtask
-    for (variant, seed, length), part in c.groupby(["variant", "seed", "length"], sort=False):
-        by = {r.subtask: r for r in part.itertuples(index=False)}
-        cells: list[Any] = [variant, int(seed), int(length)]
-        for t in subtasks:
-            r = by.get(t)
-            if r is None:
-                cells += ["", "", ""]
-                continue
-            n = int(r.n_tokens)
-            # right / asked was rounded once; rounding back recovers the integer exactly (asked < 2^52)
-            correct = round(r.token_acc * n) if n and math.isfinite(r.token_acc) else 0
-            cells += [n, correct, _seq_text(r.seq_acc)]
-        w.writerow(cells)
-    (dst / CURVES).write_text(buf.getvalue())
-    paths = [dst / RUNS, dst / CURVES]
+    runs = [{k: int(v) if k in _INT_KEYS and v is not None else _significant(v, _SUMMARY_DIGITS)
+             for k, v in r.items()} for r in tidy(grid.runs.to_dict("records"))]
+    texts = {RUNS: "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in runs),
+             CURVES: _curves_text(grid.curves)}
     if len(grid.training):
         t = grid.training.copy()
         for col in t.columns:
             if t[col].dtype.kind == "f" and col not in ("step",):
-                t[col] = t[col].map(lambda x: x if not math.isfinite(x) else float(f"{x:.{_LOG_DIGITS}g}"))
-        t.to_csv(dst / TRAINING, index=False)
-        paths.append(dst / TRAINING)
+                t[col] = t[col].map(lambda x: _significant(x, _LOG_DIGITS))
+        texts[TRAINING] = t.to_csv(index=False, lineterminator="\n")
     if len(grid.windows):
         w = grid.windows.drop(columns=["run", "token_acc"])
         w["seq_acc"] = w.seq_acc.map(_seq_text)
-        w.to_csv(dst / WINDOWS, index=False)
-        paths.append(dst / WINDOWS)
-    return paths
+        texts[WINDOWS] = w.to_csv(index=False, lineterminator="\n")
+    return texts
 
 
 def import_runs(src: str | Path, dst: str | Path, config: dict[str, Any] | None = None) -> Grid:
@@ -564,6 +636,6 @@ def parse_lengths_spec(spec: str) -> list[int]:
     return sorted(set(out))
 
 
-__all__ = ["CURVES", "Grid", "RUNS", "TRAINING", "WINDOWS", "has_run_folders", "import_runs", "is_compact",
-           "lengths_spec", "load_curves", "load_grid", "load_runs", "merge", "parse_lengths_spec", "read_run_folder",
-           "read_run_windows", "run_summary", "window_columns", "write_grid"]
+__all__ = ["CURVES", "Grid", "RUNS", "TRAINING", "WINDOWS", "grid_texts", "has_run_folders", "import_runs",
+           "is_compact", "lengths_spec", "load_curves", "load_grid", "load_runs", "merge", "parse_lengths_spec",
+           "read_run_folder", "read_run_windows", "run_summary", "window_columns", "write_grid"]

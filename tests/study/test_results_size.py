@@ -1,4 +1,5 @@
-"""study/results/ stays in proportion (6 MB, 1 MB a file, analysis JSON compact); compacting loses no row it keeps."""
+"""study/results/ stays in proportion (7.5 MB, 1 MB a file, analysis JSON and grids compact); compacting loses no row it
+keeps."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "study" / "scripts"
@@ -87,3 +89,28 @@ def test_a_file_over_its_budget_is_reported(C, tmp_path, monkeypatch):
     (tmp_path / "big.csv").write_text("x" * 11)
     assert C.plan(tmp_path)[1] == ["big.csv: 0 KB"]
     assert C.main(["--check", "--root", str(tmp_path)]) == 1
+
+
+def test_a_grid_in_an_older_compact_form_is_rewritten_as_probe_results_writes_it_and_loads_the_same(C, tmp_path):
+    from probe.results import load_grid
+
+    # an older form: 17-digit summaries, and the "all" counts written out although they are state + recall
+    runs = {"variant": "a", "seed": 0, "run": "a/seed0", "label": "x", "train_length": 1, "eval_lengths": "1:2",
+            "state_acc_1x": 2 / 3, "state_seq_acc_1x": 0.5, "state_acc_2x": 5 / 6, "state_seq_acc_2x": 0.5}
+    curves = ("variant,seed,length,state_n,state_correct,state_seq,recall_n,recall_correct,recall_seq,all_n,"
+              "all_correct,all_seq\na,0,1,3,2,1/2,1,1,1,4,3,1/2\na,0,2,6,5,1/2,2,2,1,8,7,1/2\n")
+    for name in ("old", "fresh"):  # fresh/ is LEFT_AS_WRITTEN
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "runs.jsonl").write_text(json.dumps(runs) + "\n")
+        (tmp_path / name / "curves.csv").write_text(curves)
+    before = load_grid(tmp_path / "old")
+    changes, _ = C.plan(tmp_path)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in changes) == ["old/curves.csv", "old/runs.jsonl"]
+    for path, text in changes.items():
+        path.write_text(text)
+    assert "all_n" not in (tmp_path / "old" / "curves.csv").read_text().splitlines()[0].split(",")
+    assert '"state_acc_1x":0.666667' in (tmp_path / "old" / "runs.jsonl").read_text()
+    after = load_grid(tmp_path / "old")
+    pd.testing.assert_frame_equal(after.runs, before.runs, check_exact=True)  # 2 / 3 again, not 0.666667
+    pd.testing.assert_frame_equal(after.curves, before.curves, check_exact=True)
+    assert C.plan(tmp_path)[0] == {}
