@@ -29,6 +29,15 @@ preset = "lstm"
 name = "joint"
 preset = "hybrid-joint"
 """
+COMPARISON = """
+[[claim]]
+id = "lstm-beats-joint"
+variant = "lstm"
+versus = "joint"
+metric = "state_win_1x_2x"
+found_on = [0, 1]
+"""
+"""A comparison claim: the LSTM's state in (1x, 2x] above the joint hybrid's."""
 
 
 def _files(tmp_path, claims: str, seeds: list[int] | None = None):
@@ -61,14 +70,7 @@ seeds_needed = 2
 
 
 def test_a_comparison_that_cannot_reach_significance_is_not_run_as_a_test(tmp_path):
-    claims = load_claims(_files(tmp_path, """
-[[claim]]
-id = "lstm-beats-joint"
-variant = "lstm"
-versus = "joint"
-metric = "state_win_1x_2x"
-found_on = [0, 1]
-"""))
+    claims = load_claims(_files(tmp_path, COMPARISON))
     row = judge(claims, _runs({"lstm": [0.99, 0.98], "joint": [0.2, 0.3]}))[0]
     # 2 vs 2 seeds: the smallest one-sided exact p is 1/6, so no data could confirm it
     assert row["confirmed"] is None and row["verdict"].startswith("not testable")
@@ -120,14 +122,7 @@ seeds_needed = 1
 
 
 def test_a_comparison_is_confirmed_only_in_its_direction_and_quotes_the_difference_with_its_interval(tmp_path):
-    claims = load_claims(_files(tmp_path, """
-[[claim]]
-id = "lstm-beats-joint"
-variant = "lstm"
-versus = "joint"
-metric = "state_win_1x_2x"
-found_on = [0, 1]
-""", seeds=[3, 4, 5, 6, 7, 8]))  # six fresh seeds a side: the smallest one-sided exact p, 1/924, can reject
+    claims = load_claims(_files(tmp_path, COMPARISON, seeds=[3, 4, 5, 6, 7, 8]))  # six fresh seeds a side: the smallest one-sided exact p, 1/924, can reject
     high, low = [0.99, 0.98, 0.97, 0.99, 0.96, 0.98], [0.30, 0.25, 0.40, 0.35, 0.20, 0.33]
     row = judge(claims, _runs({"lstm": high, "joint": low}))[0]
     assert row["confirmed"] is True and row["verdict"].startswith("confirmed: difference +")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -12,7 +11,6 @@ import pytest
 from probe.gradients import lookahead as LA
 from probe.train import ScheduleConfig, TrainConfig, train
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "study" / "scripts"
 SMALL = LA.LookaheadConfig(n_batches=6, batch_size=16, eval_batches=2, train_eval_batches=2)
 
 
@@ -32,13 +30,8 @@ def trajectory(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def D():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import dense_lookahead
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return dense_lookahead
+def D(study_scripts):
+    return study_scripts("dense_lookahead")
 
 
 @pytest.mark.slow  # trains a 40-step run (module fixture)

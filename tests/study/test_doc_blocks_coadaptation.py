@@ -16,7 +16,6 @@ import torch
 from probe.results import Grid, import_runs, window_columns, write_grid
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ROOT / "study" / "scripts"
 SEEDS = tuple(range(20, 28))
 HOLDS = (0.995, 0.002, 0.99)
 """(state at 1x, final training loss, state in (2x, 4x]): a run that fits and generalizes."""
@@ -28,16 +27,8 @@ L = 25
 
 
 @pytest.fixture(scope="module")
-def D():
-    import sys
-
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import doc_blocks_coadaptation
-        import placebo_cap
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return doc_blocks_coadaptation, placebo_cap
+def D(study_scripts):
+    return study_scripts("doc_blocks_coadaptation", "placebo_cap")
 
 
 def _grid(spec: dict[str, tuple[float, float, float] | list[float]], seeds=SEEDS, rng_seed: int = 0) -> Grid:

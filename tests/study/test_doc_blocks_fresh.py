@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -12,13 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def F():
-    sys.path.insert(0, str(ROOT / "study" / "scripts"))
-    try:
-        import doc_blocks_fresh
-    finally:
-        sys.path.remove(str(ROOT / "study" / "scripts"))
-    return doc_blocks_fresh
+def F(study_scripts):
+    return study_scripts("doc_blocks_fresh")
 
 
 def _runs(F, value: float = 1.0) -> pd.DataFrame:

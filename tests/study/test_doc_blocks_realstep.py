@@ -6,7 +6,6 @@ module is the rule in study/docs/gradients.md."""
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -16,7 +15,6 @@ from probe.core.rows import threshold_row
 from probe.gradients import realstep as RS
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ROOT / "study" / "scripts"
 WINDOWS = ["(1x, 2x]", "(2x, 4x]", "(4x, 8x]", "(8x, 16x]"]
 NULL = (0.4, 0.3, -0.5)
 """(z_att, vs_matched_z, rollout_z) of a window where nothing is detected."""
@@ -26,14 +24,8 @@ SE = 1e-4
 
 
 @pytest.fixture(scope="module")
-def S():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import doc_blocks_realstep
-        import realstep_lookahead
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return realstep_lookahead, doc_blocks_realstep
+def S(study_scripts):
+    return study_scripts("realstep_lookahead", "doc_blocks_realstep")
 
 
 def snapshot(seed: int, step: int, effects: dict[str, tuple[float, float, float]], share: float = 0.05,

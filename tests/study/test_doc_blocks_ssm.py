@@ -4,7 +4,6 @@ results folders written by probe.results' own writer, and the rendered text says
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +12,6 @@ import pytest
 from probe.results import Grid, run_summary, window_columns, write_grid
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ROOT / "study" / "scripts"
 LT = 25
 WINDOWS = ((0, 1, "in range"), (1, 2, "(1x, 2x]"), (2, 4, "(2x, 4x]"), (4, 8, "(4x, 8x]"), (8, 16, "(8x, 16x]"))
 PER_POSITION = 4
@@ -21,13 +19,8 @@ PER_POSITION = 4
 
 
 @pytest.fixture(scope="module")
-def B():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import doc_blocks_ssm
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return doc_blocks_ssm
+def B(study_scripts):
+    return study_scripts("doc_blocks_ssm")
 
 
 def _root(tmp_path: Path) -> Path:

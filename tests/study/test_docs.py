@@ -142,14 +142,8 @@ def test_a_pair_listed_as_the_same_cut_must_agree_seed_for_seed(copy):
 
 
 @pytest.fixture(scope="module")
-def blocks():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import doc_blocks_deep
-        import doc_blocks_long
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return doc_blocks_deep, doc_blocks_long
+def blocks(study_scripts):
+    return study_scripts("doc_blocks_deep", "doc_blocks_long")
 
 
 def test_the_depth_screen_stops_a_point_only_when_its_target_is_out_of_reach(blocks):

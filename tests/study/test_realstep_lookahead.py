@@ -4,7 +4,6 @@ and the grid is the mechanism grid's joint with resumable snapshots."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -14,18 +13,12 @@ from probe.gradients.realstep import RealStepConfig
 from probe.train import ScheduleConfig, TrainConfig, train
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = ROOT / "study" / "scripts"
 SMALL = RealStepConfig(batch_size=8, train_eval_batches=2, eval_batches=2, max_factor=4, n_random=2)
 
 
 @pytest.fixture(scope="module")
-def R():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import realstep_lookahead
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return realstep_lookahead
+def R(study_scripts):
+    return study_scripts("realstep_lookahead")
 
 
 def test_the_grid_is_the_mechanism_grid_s_joint_with_snapshots_to_resume_from():

@@ -5,22 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pandas as pd
 import pytest
 
-SCRIPTS = Path(__file__).resolve().parents[2] / "study" / "scripts"
-
 
 @pytest.fixture(scope="module")
-def C():
-    sys.path.insert(0, str(SCRIPTS))
-    try:
-        import compact_results
-    finally:
-        sys.path.remove(str(SCRIPTS))
-    return compact_results
+def C(study_scripts):
+    return study_scripts("compact_results")
 
 
 @pytest.fixture(scope="module")
