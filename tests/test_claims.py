@@ -122,7 +122,8 @@ seeds_needed = 1
 
 
 def test_a_comparison_is_confirmed_only_in_its_direction_and_quotes_the_difference_with_its_interval(tmp_path):
-    claims = load_claims(_files(tmp_path, COMPARISON, seeds=[3, 4, 5, 6, 7, 8]))  # six fresh seeds a side: the smallest one-sided exact p, 1/924, can reject
+    # six fresh seeds a side: the smallest one-sided exact p, 1/924, can reject
+    claims = load_claims(_files(tmp_path, COMPARISON, seeds=[3, 4, 5, 6, 7, 8]))
     high, low = [0.99, 0.98, 0.97, 0.99, 0.96, 0.98], [0.30, 0.25, 0.40, 0.35, 0.20, 0.33]
     row = judge(claims, _runs({"lstm": high, "joint": low}))[0]
     assert row["confirmed"] is True and row["verdict"].startswith("confirmed: difference +")
