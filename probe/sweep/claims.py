@@ -197,7 +197,7 @@ def judge(claims: Claims, runs: pd.DataFrame) -> list[dict[str, Any]]:
                 row |= {"confirmed": False, "verdict": f"not confirmed: {k} of {n} fresh seeds meet it, "
                                                        f"{c.seeds_needed} needed"}
             else:
-                row |= {"confirmed": None, "verdict": f"pending: {k} of {n} so far, {missing} seeds to run"}
+                row |= {"confirmed": None, "verdict": f"pending: {k} of {n} so far, {_to_run(missing)}"}
         else:
             a = _values(runs, c.variant, have, c.metric).to_numpy()
             b = _values(runs, c.versus, have, c.metric).to_numpy()
@@ -209,7 +209,7 @@ def judge(claims: Claims, runs: pd.DataFrame) -> list[dict[str, Any]]:
                     "family": len(comparisons),
                     "per_seed": " / ".join(f"{s}:{x:.3f}-{y:.3f}" for s, x, y in zip(have, a, b, strict=True))}
             if len(have) < len(seeds):
-                row |= {"confirmed": None, "verdict": f"pending: {len(seeds) - len(have)} seeds to run"}
+                row |= {"confirmed": None, "verdict": f"pending: {_to_run(len(seeds) - len(have))}"}
             elif not can_reject(len(a), len(b), family=len(comparisons), alpha=claims.alpha,
                                 alternative=c.direction):
                 row |= {"confirmed": None, "verdict": f"not testable: the smallest attainable p "
@@ -230,6 +230,10 @@ def judge(claims: Claims, runs: pd.DataFrame) -> list[dict[str, Any]]:
                                                                   f"direction, {size}")
                     + f" (one-sided exact permutation p {p:.3g}, Holm {q:.3g} over {row['family']})"}
     return rows
+
+
+def _to_run(n: int) -> str:
+    return f"{n} seed{'' if n == 1 else 's'} to run"
 
 
 def _points(x: float) -> str:
