@@ -178,7 +178,40 @@ def fresh_recipe(root: Path) -> str:
         rows.append([PRESETS[stem], *[f"{kk} of {nn}: {_bar(kk, nn, seeds, PER_PRECISION)}" for kk, nn in counts],
                      f"{k} of {n}: {_bar(k, n, 2 * seeds, NEEDED)}"])
     return table(["preset", f"bf16 (bar: {PER_PRECISION} of {seeds})", f"fp32 (bar: {PER_PRECISION} of {seeds})",
-                  f"both (bar: {NEEDED} of {2 * seeds})"], rows)
+                  f"both (bar: {NEEDED} of {2 * seeds})"], rows) + _recipe_limits(runs)
+
+
+EARLY, LATE = ("2x_4x", 0.99, "(2x, 4x]"), ("8x_16x", 0.95, "(8x, 16x]")
+"""The recipe's target per window: (window, bar, label); a run misses it where state or recall is below the bar."""
+
+
+def _recipe_limits(runs: pd.DataFrame) -> str:
+    """What limits `hybrid-recipe` where it misses the target: the first window it misses (the bar of that window),
+    and which factor of the state falls there (mod 5 below the bar with parity at 99 % or more, or parity too)."""
+    r = runs[runs.variant.isin([f"joint4-{prec}" for prec in PRECISIONS])]
+    fail = r[meets_target(r, TARGET).eq(False)]
+    if fail.empty:
+        return ""
+    counts = {EARLY: 0, LATE: 0}
+    mod5_only, parity_lost = 0, []
+    for _, x in fail.iterrows():
+        w = EARLY if min(x[f"state_win_{EARLY[0]}"], x[f"recall_win_{EARLY[0]}"]) < EARLY[1] else LATE
+        counts[w] += 1
+        parity, mod5 = x[f"state_mod2_win_{w[0]}"], x[f"state_mod5_win_{w[0]}"]
+        if parity >= 0.99 and mod5 < w[1]:
+            mod5_only += 1
+        elif parity < 0.99:
+            parity_lost.append((parity, x.variant, x.seed, w[2]))
+    text = (f"\n\nWhere `hybrid-recipe` misses the target ({len(fail)} of {len(r)} runs), it misses it first in "
+            f"(2x, 4x] in {counts[EARLY]} and only in (8x, 16x] in {counts[LATE]}. In {mod5_only} of them the mod-5 "
+            "part of the state is below that window's bar while parity stays at 99 % or more")
+    if parity_lost:
+        low = min(parity_lost)
+        text += (f"; {len(parity_lost)} {'loses' if len(parity_lost) == 1 else 'lose'} parity too (lowest "
+                 f"{pct(low[0])} % in {low[3]}, {low[1]}, seed {low[2]})")
+    text += f". Recall is at least {pct(fail.recall_win_8x_16x.min())} % in (8x, 16x] in every one of them"
+    return text + (": the mod-5 part of the counter is what limits it, in most runs." if 2 * mod5_only > len(fail)
+                   else ".")
 
 
 def _long_window(long: pd.DataFrame) -> pd.Series:

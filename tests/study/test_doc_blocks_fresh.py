@@ -53,3 +53,19 @@ def test_the_claims_block_groups_each_claim_by_the_verdict_the_runs_give(F, monk
     monkeypatch.setattr(F, "_fresh", lambda root: part)
     pending = F.fresh_claims(ROOT).split("- **Pending", 1)[1]
     assert "`dat-beats-joint-bf16`" in pending and "`dat-4x-bf16`" in pending and "`dat-4x-fp32`" not in pending
+
+
+def test_the_recipe_s_limit_names_the_window_and_the_factor_where_its_runs_miss(F, monkeypatch):
+    runs = _runs(F, 1.0)
+    joint4 = runs.variant.str.startswith("joint4-")
+    early = joint4 & (runs.seed == 10)  # mod 5 lost in (2x, 4x], parity kept
+    runs.loc[early, ["state_win_2x_4x", "state_mod5_win_2x_4x"]] = 0.6
+    late = joint4 & (runs.seed == 11) & (runs.variant == "joint4-fp32")  # holds to 8x, parity lost in (8x, 16x]
+    runs.loc[late, ["state_win_8x_16x", "state_mod2_win_8x_16x"]] = [0.5, 0.7]
+    monkeypatch.setattr(F, "_fresh", lambda root: runs)
+    text = F.fresh_recipe(ROOT).split("\n")[-1]
+    assert "(3 of 20 runs)" in text and "(2x, 4x] in 2 and only in (8x, 16x] in 1" in text
+    assert "In 2 of them the mod-5 part" in text and "1 loses parity too (lowest 70.0 % in (8x, 16x], joint4-fp32, " \
+        "seed 11)" in text and text.endswith("what limits it, in most runs.")
+    runs.loc[joint4, "state_mod2_win_2x_4x"] = 0.5  # now parity is what falls first: no mod-5 conclusion
+    assert F.fresh_recipe(ROOT).endswith("in every one of them.")
