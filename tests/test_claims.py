@@ -40,8 +40,8 @@ found_on = [0, 1]
 """A comparison claim: the LSTM's state in (1x, 2x] above the joint hybrid's."""
 
 
-def _files(tmp_path, claims: str, seeds: list[int] | None = None):
-    sweep = SWEEP if seeds is None else SWEEP.replace("seeds = [3, 4]", f"seeds = {seeds}")
+def _files(tmp_path, claims: str, seeds: list[int] | None = None, extra: str = ""):
+    sweep = (SWEEP if seeds is None else SWEEP.replace("seeds = [3, 4]", f"seeds = {seeds}")) + extra
     (tmp_path / "sweep.toml").write_text(sweep)
     (tmp_path / "claims.toml").write_text('sweep = "sweep.toml"\n' + claims)
     return tmp_path / "claims.toml"
@@ -132,3 +132,29 @@ def test_a_comparison_is_confirmed_only_in_its_direction_and_quotes_the_differen
     row = judge(claims, _runs({"lstm": low, "joint": high}))[0]
     assert row["confirmed"] is False and "no difference detected in the claimed direction" in row["verdict"]
     assert row["difference_ci_high"] < -0.5 and "CI [-" in row["verdict"]
+
+
+def test_a_comparison_judged_while_its_family_waits_is_adjusted_over_the_whole_family(tmp_path):
+    # a second comparison of the family (dat against joint) still waits for dat's seeds: the first is adjusted over
+    # both, the waiting one standing in with p = 1, never over the one test run
+    waiting = COMPARISON.replace('"lstm-beats-joint"', '"dat-beats-joint"').replace('variant = "lstm"',
+                                                                                  'variant = "dat"')
+    claims = load_claims(_files(tmp_path, COMPARISON + waiting, seeds=[3, 4, 5, 6, 7, 8],
+                                extra='[[variant]]\nname = "dat"\npreset = "hybrid-dat"\n'))
+    high, low = [0.99, 0.98, 0.97, 0.99, 0.96, 0.98], [0.30, 0.25, 0.40, 0.35, 0.20, 0.33]
+    first, second = judge(claims, _runs({"lstm": high, "joint": low, "dat": high[:3]}))
+    assert second["verdict"] == "pending: 3 seeds to run"
+    assert first["p_holm"] == pytest.approx(2 * first["p_permutation"]) and "over 2" in first["verdict"]
+
+
+def test_a_seed_whose_window_was_not_measured_is_not_judged(tmp_path):
+    claims = load_claims(_files(tmp_path, """
+[[claim]]
+id = "holds"
+variant = "lstm"
+found_on = [0, 1]
+target = { state_win_1x_2x = 0.9 }
+seeds_needed = 2
+"""))
+    verdict = judge(claims, _runs({"lstm": [0.95, float("nan")]}))[0]
+    assert verdict["confirmed"] is None and verdict["n_seeds"] == 1 and verdict["seeds_meeting"] == 1

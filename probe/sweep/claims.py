@@ -183,11 +183,16 @@ def judge(claims: Claims, runs: pd.DataFrame) -> list[dict[str, Any]]:
                                "missing_seeds": _seeds(sorted(set(seeds) - set(have)))}
         if c.kind == "target":
             meets = pd.Series(True, index=have)
-            for metric, bound in c.target.items():
-                meets &= _values(runs, c.variant, have, metric).reindex(have) >= bound
-            for metric, bound in c.below.items():
-                meets &= _values(runs, c.variant, have, metric).reindex(have) < bound
+            known = pd.Series(True, index=have)  # a seed whose metric is NaN (a window not measured) is not judged
+            for bounds, holds in ((c.target, lambda v, x: v >= x), (c.below, lambda v, x: v < x)):
+                for metric, bound in bounds.items():
+                    values = _values(runs, c.variant, have, metric).reindex(have)
+                    known &= values.notna()
+                    meets &= holds(values, bound)
+            have = [s for s in have if known[s]]
+            meets = meets[have]
             k, n, missing = int(meets.sum()), len(have), len(seeds) - len(have)
+            row["n_seeds"] = n
             low, high = clopper_pearson(k, n) if n else (math.nan, math.nan)
             row |= {"seeds_meeting": k, "seeds_needed": c.seeds_needed, "rate_ci_low": low, "rate_ci_high": high,
                     "per_seed": " / ".join(f"{s}:{'y' if meets[s] else 'n'}" for s in have)}
@@ -218,7 +223,10 @@ def judge(claims: Claims, runs: pd.DataFrame) -> list[dict[str, Any]]:
             else:
                 pvalues[c.id] = permutation_p(a, b, alternative=c.direction)
         rows.append(row)
-    adjusted = dict(zip(pvalues, holm(list(pvalues.values())), strict=True)) if pvalues else {}
+    # Holm over the whole pre-registered family: a comparison not run (pending, or not testable) stands in with p = 1,
+    # so a verdict reached while part of the family waits for seeds is never adjusted over fewer tests than it says
+    family = [pvalues.get(c.id, 1.0) for c in comparisons]
+    adjusted = {c.id: q for c, q in zip(comparisons, holm(family), strict=True) if c.id in pvalues}
     for row in rows:
         if row["claim"] in adjusted:
             p, q = pvalues[row["claim"]], float(adjusted[row["claim"]])
