@@ -268,8 +268,10 @@ def verdict(v: pd.DataFrame) -> tuple[Verdict, dict[str, str], dict, dict]:
                             "co-adaptation is untested, not refuted."), readings, beyond, fit
     if state == "not separated":
         c = beyond[(JOINT, CUT, "beyond")]
+        found = ("detectably above it: the reverse of the premise" if c.direction == "above"
+                 else "no difference detected")
         return Verdict("a", "No verdict: `joint` was not detectably below `stopgrad-rnn0` in (2x, 4x] on these seeds "
-                            f"(difference {_points(c)} points, no difference detected), so no control can be read "
+                            f"(difference {_points(c)} points, {found}), so no control can be read "
                             "against the two ends; co-adaptation is untested, not refuted."), readings, beyond, fit
     rp, fmc, fc = readings["random-path"], readings["frozen-model-copy"], readings["frozen-copy"]
     if rp in ("harms", "fails to fit"):

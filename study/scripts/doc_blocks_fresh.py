@@ -193,22 +193,25 @@ def _recipe_limits(runs: pd.DataFrame) -> str:
     if fail.empty:
         return ""
     counts = {EARLY: 0, LATE: 0}
-    mod5_only, parity_lost = 0, []
+    falls = {"mod 5": 0, "both": 0, "parity": 0}
+    parity_low = []
     for _, x in fail.iterrows():
         w = EARLY if min(x[f"state_win_{EARLY[0]}"], x[f"recall_win_{EARLY[0]}"]) < EARLY[1] else LATE
         counts[w] += 1
         parity, mod5 = x[f"state_mod2_win_{w[0]}"], x[f"state_mod5_win_{w[0]}"]
-        if parity >= 0.99 and mod5 < w[1]:
-            mod5_only += 1
-        elif parity < 0.99:
-            parity_lost.append((parity, x.variant, x.seed, w[2]))
+        if parity < 0.99:
+            falls["both" if mod5 < w[1] else "parity"] += 1
+            parity_low.append((parity, x.variant, x.seed, w[2]))
+        elif mod5 < w[1]:
+            falls["mod 5"] += 1
+    mod5_only = falls["mod 5"]
     text = (f"\n\nWhere `hybrid-recipe` misses the target ({len(fail)} of {len(r)} runs), it misses it first in "
             f"(2x, 4x] in {counts[EARLY]} and only in (8x, 16x] in {counts[LATE]}. In {mod5_only} of them the mod-5 "
             "part of the state is below that window's bar while parity stays at 99 % or more")
-    if parity_lost:
-        low = min(parity_lost)
-        text += (f"; {len(parity_lost)} {'loses' if len(parity_lost) == 1 else 'lose'} parity too (lowest "
-                 f"{pct(low[0])} % in {low[3]}, {low[1]}, seed {low[2]})")
+    if parity_low:
+        low = min(parity_low)
+        text += (f"; parity falls below 99 % in {len(parity_low)} ({falls['both']} with the mod-5 part below the bar "
+                 f"too; lowest {pct(low[0])} % in {low[3]}, {low[1]}, seed {low[2]})")
     text += f". Recall is at least {pct(fail.recall_win_8x_16x.min())} % in (8x, 16x] in every one of them"
     return text + (": the mod-5 part of the counter is what limits it, in most runs." if 2 * mod5_only > len(fail)
                    else ".")

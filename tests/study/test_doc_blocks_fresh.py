@@ -65,7 +65,7 @@ def test_the_recipe_s_limit_names_the_window_and_the_factor_where_its_runs_miss(
     monkeypatch.setattr(F, "_fresh", lambda root: runs)
     text = F.fresh_recipe(ROOT).split("\n")[-1]
     assert "(3 of 20 runs)" in text and "(2x, 4x] in 2 and only in (8x, 16x] in 1" in text
-    assert "In 2 of them the mod-5 part" in text and "1 loses parity too (lowest 70.0 % in (8x, 16x], joint4-fp32, " \
-        "seed 11)" in text and text.endswith("what limits it, in most runs.")
+    assert "In 2 of them the mod-5 part" in text and "parity falls below 99 % in 1 (0 with the mod-5 part below the " \
+        "bar too; lowest 70.0 % in (8x, 16x], joint4-fp32, seed 11)" in text and text.endswith("in most runs.")
     runs.loc[joint4, "state_mod2_win_2x_4x"] = 0.5  # now parity is what falls first: no mod-5 conclusion
     assert F.fresh_recipe(ROOT).endswith("in every one of them.")
