@@ -311,6 +311,10 @@ def lr_verdict(values: pd.DataFrame, variants: list[str], planned: int) -> str:
         for v in fits:
             w = values[values.variant == v][_col("state", "2x_4x")].dropna()
             held = int((w >= HOLDS).sum())
+            if len(w) < planned:  # a seed whose (2x, 4x] window was not measured: nothing is said of it
+                said.append(f"`{v}` fits 1x on all {planned} seeds; its (2x, 4x] window is measured on {len(w)} of "
+                            f"them, so whether it counts there waits")
+                continue
             said.append(f"`{v}` fits 1x on all {planned} seeds and "
                         + (f"loses the state beyond its training lengths (every seed below {pct(HOLDS)} % in "
                            f"(2x, 4x]: {per_seed(w)}): at this lr \"cannot count\" is said" if held == 0 else
