@@ -144,7 +144,8 @@ def test_a_comparison_judged_while_its_family_waits_is_adjusted_over_the_whole_f
     high, low = [0.99, 0.98, 0.97, 0.99, 0.96, 0.98], [0.30, 0.25, 0.40, 0.35, 0.20, 0.33]
     first, second = judge(claims, _runs({"lstm": high, "joint": low, "dat": high[:3]}))
     assert second["verdict"] == "pending: 3 seeds to run"
-    assert first["p_holm"] == pytest.approx(2 * first["p_permutation"]) and "over 2" in first["verdict"]
+    assert first["p_holm"] == pytest.approx(2 * first["p_permutation"])
+    assert "over a family of 2; 6 vs 6 seeds" in first["verdict"]
 
 
 def test_a_seed_whose_window_was_not_measured_is_not_judged(tmp_path):

@@ -236,7 +236,10 @@ def judge(claims: Claims, runs: pd.DataFrame) -> list[dict[str, Any]]:
             row |= {"p_permutation": p, "p_holm": q, "confirmed": ok,
                     "verdict": (f"confirmed: {size}" if ok else f"not confirmed: no difference detected in the claimed "
                                                                   f"direction, {size}")
-                    + f" (one-sided exact permutation p {p:.3g}, Holm {q:.3g} over {row['family']})"}
+                    + f" (one-sided exact permutation p {p:.3g}, Holm {q:.3g} over a family of {row['family']}; "
+                      f"{row['n_seeds']} vs {row['n_seeds']} seeds, smallest attainable adjusted p "
+                      f"{row['family']} × {row['p_min_attainable']:.2g} = "
+                      f"{row['family'] * row['p_min_attainable']:.2g})"}
     return rows
 
 
