@@ -47,20 +47,24 @@ def _files(tmp_path, claims: str, seeds: list[int] | None = None, extra: str = "
     return tmp_path / "claims.toml"
 
 
-def _runs(values: dict[str, list[float]], metric: str = "state_win_1x_2x") -> pd.DataFrame:
-    return pd.DataFrame([{"variant": v, "seed": 3 + i, metric: x} for v, xs in values.items()
-                         for i, x in enumerate(xs)])
-
-
-def test_a_target_claim_is_confirmed_refuted_or_pending_by_the_fresh_seeds_alone(tmp_path):
-    claims = load_claims(_files(tmp_path, """
+TARGET = """
 [[claim]]
 id = "holds"
 variant = "lstm"
 found_on = [0, 1]
 target = { state_win_1x_2x = 0.9 }
 seeds_needed = 2
-"""))
+"""
+"""A target claim: the LSTM's state in (1x, 2x] at 90 % or more in both fresh seeds."""
+
+
+def _runs(values: dict[str, list[float]], metric: str = "state_win_1x_2x") -> pd.DataFrame:
+    return pd.DataFrame([{"variant": v, "seed": 3 + i, metric: x} for v, xs in values.items()
+                         for i, x in enumerate(xs)])
+
+
+def test_a_target_claim_is_confirmed_refuted_or_pending_by_the_fresh_seeds_alone(tmp_path):
+    claims = load_claims(_files(tmp_path, TARGET))
     verdict = judge(claims, _runs({"lstm": [0.95, 0.91]}))[0]
     assert verdict["confirmed"] is True and verdict["seeds_meeting"] == 2
     verdict = judge(claims, _runs({"lstm": [0.95, 0.5]}))[0]
@@ -149,13 +153,6 @@ def test_a_comparison_judged_while_its_family_waits_is_adjusted_over_the_whole_f
 
 
 def test_a_seed_whose_window_was_not_measured_is_not_judged(tmp_path):
-    claims = load_claims(_files(tmp_path, """
-[[claim]]
-id = "holds"
-variant = "lstm"
-found_on = [0, 1]
-target = { state_win_1x_2x = 0.9 }
-seeds_needed = 2
-"""))
+    claims = load_claims(_files(tmp_path, TARGET))
     verdict = judge(claims, _runs({"lstm": [0.95, float("nan")]}))[0]
     assert verdict["confirmed"] is None and verdict["n_seeds"] == 1 and verdict["seeds_meeting"] == 1
