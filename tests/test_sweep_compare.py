@@ -330,6 +330,23 @@ def test_pairs_compare_only_the_pairs_asked_for():
     assert set(rows.family) == {2}
 
 
+def test_a_registered_family_counts_the_pairs_with_no_runs_yet():
+    # a grid read part-way: one pair of a family of 3 registered has runs. Adjusted over the 1 pair present, 6 vs 6
+    # seeds at the extreme reach 2/924 ~ 0.0022; over the registered 3 (two standing in with p = 1) they reach 3 times
+    # that. At 4 vs 4 (min p 2/70 ~ 0.029) the pair is a test alone and descriptive in the registered family.
+    joint, dat = [0.6, 0.7, 0.5, 0.65, 0.55, 0.62], [1.0, 0.99, 1.0, 0.98, 1.0, 0.99]
+    c = curves({"joint": joint, "dat": dat})
+    alone = compare(c, [], pairs=[("dat", "joint")]).iloc[0]
+    registered = compare(c, [], pairs=[("dat", "joint")], family=3).iloc[0]
+    assert alone.p_holm == pytest.approx(2 / 924) and registered.p_holm == pytest.approx(3 * 2 / 924)
+    assert registered.family == 3 and registered.n_tests == 1
+    small = curves({"joint": joint[:4], "dat": dat[:4]})
+    assert compare(small, [], pairs=[("dat", "joint")]).iloc[0].testable
+    assert not compare(small, [], pairs=[("dat", "joint")], family=3).iloc[0].testable
+    with pytest.raises(ProbeError, match="family of 1 cannot hold the 2 pairs"):
+        compare(curves({"a": joint, "b": dat, "c": joint}), [], pairs=[("a", "b"), ("c", "b")], family=1)
+
+
 @pytest.mark.parametrize(("words", "message"), [
     (["joint", "dat:joint"], "not both"), (["dat:"], "two different variants"), (["dat:dat"], "two different"),
     (["a:b:c"], "two different variants")])

@@ -54,7 +54,7 @@ def expand_pairs(variants: Sequence[str], baselines: Sequence[str],
 
 def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "state", factor: int = 3,
             windows: pd.DataFrame | None = None, window: str | None = None,
-            pairs: Sequence[tuple[str, str]] = ()) -> pd.DataFrame:
+            pairs: Sequence[tuple[str, str]] = (), family: int | None = None) -> pd.DataFrame:
     """One row per (variant, baseline): means over seeds of token accuracy at ``factor`` x L_train (or, given
     ``windows`` and a ``window`` name such as ``"(2x, 4x]"``, in that window of positions: the metric of record),
     their difference with its Welch 95 % interval, the exact two-sided permutation p, the smallest p the seed
@@ -62,7 +62,10 @@ def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "stat
     ``baselines``, or exactly the (variant, baseline) ``pairs`` given. A pair met twice (``dat`` vs ``joint`` and
     ``joint`` vs ``dat``) is one test of the family, so the adjustment counts it once. A pair whose seed counts
     cannot reach an adjusted p below 0.05 in a family of this size (``can_reject``) is not run as a test: its p
-    columns are NaN and its verdict says it is descriptive."""
+    columns are NaN and its verdict says it is descriptive. ``family``, the size of a family fixed before the runs,
+    counts the pairs not given here (a variant with no runs yet): each stands in with p = 1 in the adjustment, so a
+    grid read part-way is adjusted over the whole family it was registered with, never over the pairs it happens to
+    have."""
     if window is not None:
         if windows is None or windows.empty:
             raise ProbeError(f"comparison in window {window}: this grid has no windows (evaluated before them?)")
@@ -94,15 +97,20 @@ def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "stat
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
-    family = frame.pair.nunique()
+    present = frame.pair.nunique()
+    if family is not None and family < present:
+        raise ProbeError(f"a family of {family} cannot hold the {present} pairs compared")
+    family = present if family is None else family
     frame["testable"] = [bool(len(a) and len(b)) and can_reject(len(a), len(b), family=family, alpha=ALPHA)
                          for a, b in zip(frame._a, frame._b, strict=True)]
     frame["p_permutation"] = [permutation_p(a, b) if ok else math.nan
                               for a, b, ok in zip(frame._a, frame._b, frame.testable, strict=True)]
     frame = frame.drop(columns=["_a", "_b"])
     unique = frame[frame.testable].drop_duplicates("pair")
-    adjusted = pd.DataFrame({"pair": unique.pair, "p_holm": holm(unique.p_permutation.to_numpy()),
-                             "p_bh": benjamini_hochberg(unique.p_permutation.to_numpy())})
+    waiting = np.ones(family - present)  # the registered pairs with no runs yet: p = 1 each
+    p_all = np.concatenate([unique.p_permutation.to_numpy(), waiting])
+    adjusted = pd.DataFrame({"pair": unique.pair, "p_holm": holm(p_all)[:len(unique)],
+                             "p_bh": benjamini_hochberg(p_all)[:len(unique)]})
     frame = frame.merge(adjusted, on="pair", how="left").drop(columns="pair")
     frame["n_tests"] = len(unique)
     frame["family"] = family

@@ -15,8 +15,9 @@ Family B (state in (2x, 4x], 14 comparisons): `joint` against `stopgrad-rnn0`; e
 `lagged-copy-50`, `lagged-copy-250`, `frozen-model-copy`, `frozen-copy` and `placebo` against `joint` and against
 `stopgrad-rnn0`; `lagged-copy-250` against `lagged-copy-50`. Family F (fit, 12 comparisons): each of those six
 against `stopgrad-rnn0` on the state at 1x and on the final training loss. Holm within each family at 0.05 over the
-comparisons run as tests. A comparison whose design cannot reach adjusted p < 0.05 (its smallest exact p times the
-family size) is shown descriptively and detects nothing. "Detectably below" ("above"): Holm-adjusted p < 0.05 with
+comparisons run as tests, a registered comparison with no runs yet standing in with p = 1. A comparison whose design
+cannot reach adjusted p < 0.05 (its smallest exact p times the family size) is shown descriptively and detects
+nothing. "Detectably below" ("above"): Holm-adjusted p < 0.05 with
 the difference below (above) 0.
 
 Decision rules (pre-registered):
@@ -170,11 +171,12 @@ FIT_PAIRS = [(v, CUT, m) for v in READ for m in ("state_1x", "loss")]
 
 def family(v: pd.DataFrame, pairs: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Comparison]:
     """Every pair of ``pairs`` with both sides committed, tested as probe.sweep.compare tests (Welch interval, exact
-    permutation p where the design can reach adjusted p < ALPHA in a family of this size, Holm over the tests run).
+    permutation p where the design can reach adjusted p < ALPHA in the registered family, Holm over the tests run
+    and, at p = 1, the registered pairs with no runs yet).
     compare() reads accuracies from curves or windows; family F also tests the training loss, so both families go
     through this one routine over per-seed values."""
     present = [(a, b, m) for a, b, m in pairs if len(_of(v, a, m)) and len(_of(v, b, m))]
-    k = len(present)
+    k = len(pairs)  # the registered family: a pair with no runs yet stands in with p = 1
     rows = []
     for a, b, m in present:
         x, y = _of(v, a, m), _of(v, b, m)
@@ -182,7 +184,7 @@ def family(v: pd.DataFrame, pairs: list[tuple[str, str, str]]) -> dict[tuple[str
         ok = can_reach("seeds", len(x), len(y), k)
         rows.append(dict(variant=a, baseline=b, measure=m, n=len(x), m=len(y), estimate=diff.estimate, low=diff.low,
                          high=diff.high, family=k, testable=ok, p=permutation_p(x, y) if ok else math.nan))
-    adjusted = holm([r["p"] for r in rows]) if rows else []
+    adjusted = holm([r["p"] for r in rows] + [1.0] * (k - len(rows)))[:len(rows)]
     return {(r["variant"], r["baseline"], r["measure"]): Comparison(**r, p_holm=float(q))
             for r, q in zip(rows, adjusted, strict=True)}
 

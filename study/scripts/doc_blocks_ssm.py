@@ -435,7 +435,7 @@ def ssm_complex10_compare(root: Path) -> str:
     pairs = [(a, b) for a, b in PAIRS if (at.variant == a).any() and (at.variant == b).any()]
     if not pairs:
         return "No schedule and the joint hybrid both have runs yet."
-    cmp = compare(pd.DataFrame(), [], windows=at, window=COMPARED, pairs=pairs)
+    cmp = compare(pd.DataFrame(), [], windows=at, window=COMPARED, pairs=pairs, family=len(PAIRS))
     k = int(cmp.family.iloc[0])
     rows = []
     for r in cmp.itertuples():
