@@ -331,13 +331,16 @@ def cap_table(root: Path) -> pd.DataFrame | None:
 
 def placebo_sentence(root: Path, v: pd.DataFrame, readings: dict[str, str], separated: bool) -> str:
     cap = cap_table(root)
-    n = _n(v, "placebo")
+    seeds = set(v.loc[(v.variant == "placebo") & v.beyond.notna(), "seed"])  # the seeds its reading is made from
+    n = len(seeds)
     if n == 0:
         return "No `placebo` run is committed yet."
-    if cap is None or len(cap) < n:
-        k = 0 if cap is None else len(cap)
-        return (f"`placebo`'s cap log is summarised for {k} of its {n} seeds (`python study/scripts/placebo_cap.py "
-                "runs/coadaptation2 study/results/coadaptation2`): its reading is not interpreted.")
+    logged = set() if cap is None else set(cap.seed) & seeds
+    if logged != seeds:
+        return (f"`placebo`'s cap log is summarised for {len(logged)} of its {n} seeds (`python "
+                "study/scripts/placebo_cap.py runs/coadaptation2 study/results/coadaptation2`): its reading is not "
+                "interpreted.")
+    cap = cap[cap.seed.isin(seeds)]  # a cap row of a seed with no committed run says nothing about this reading
     k = int(cap.matched.sum())
     r = readings["placebo"]
     if k < len(cap):

@@ -196,6 +196,18 @@ def test_an_unmatched_placebo_is_not_interpreted(D, tmp_path):
     assert "in 8 of 8 seeds" in B.coadaptation_placebo(_write(tmp_path / "ok", D, _spec()))
 
 
+def test_the_placebo_is_read_only_from_a_cap_log_of_its_own_seeds(D, tmp_path):
+    # as many cap rows as placebo seeds, but one of them for a seed with no committed run: seed 20's match is unknown
+    B, C = D
+    root = _write(tmp_path, D, _spec())
+    path = root / "study" / "results" / "coadaptation2" / C.FILE
+    cap = pd.read_csv(path)
+    cap.loc[cap.seed == 20, "seed"] = 99
+    cap.to_csv(path, index=False)
+    text = B.coadaptation_verdict(root)
+    assert "summarised for 7 of its 8 seeds" in text and "not interpreted" in text
+
+
 # --- what the doc shows -------------------------------------------------------------------------------------------
 def test_the_tables_show_fit_and_windows_per_variant_and_every_p_with_its_design(D, tmp_path):
     B, _ = D
