@@ -50,6 +50,9 @@ forms, after it (``rnn0-until1000`` holds 5 of 5)."""
 MOMENTS = "adamw-state"
 Q_NULL = float(sps.t.sf(Z_DETECT, df=RealStepConfig().eval_batches - 1))
 """P(z > 2) for one condition under the null: a mean over the evaluation batches divided by its standard error."""
+REQUIRED = ("realstep_parts_sum", "realstep_matched_random", "realstep_matches_adamw")
+"""The instrument checks every snapshot of realstep_lookahead.py carries (rollout_reproduces_run only where the
+trajectory holds the snapshot ROLLOUT steps later): a snapshot missing one has not passed it."""
 RUN = ["variant", "seed"]
 SNAPSHOT = ["variant", "seed", "step"]
 
@@ -72,12 +75,19 @@ RULE = (
     "snapshots.")
 
 
+KEYS = {"realstep": ["part", "loss", "positions"], "verdicts": ["positions"], "rollout": ["loss", "positions"],
+        "checks": ["control", "positions"]}
+"""What names a row of each CSV within its snapshot: a snapshot measured twice keeps its last rows only."""
+
+
 def _read(root: Path) -> dict[str, pd.DataFrame] | None:
-    """The four CSVs the script writes together, or None before it has run."""
+    """The four CSVs the script writes together, or None before it has run; a row met twice (a snapshot measured
+    again) counts once, as its last measurement."""
     base = results_dir(root).joinpath(*REALSTEP)
     if not all((base / f"{name}.csv").is_file() for name in FILES):
         return None
-    return {name: pd.read_csv(base / f"{name}.csv") for name in FILES}
+    return {name: pd.read_csv(base / f"{name}.csv").drop_duplicates(SNAPSHOT + KEYS[name], keep="last")
+            for name in FILES}
 
 
 def _not_run() -> str:
@@ -93,15 +103,20 @@ def _run_name(variant: str, seed: int) -> str:
 
 
 def withheld(data: dict[str, pd.DataFrame]) -> pd.Series:
-    """Per snapshot (variant, seed, step): why its verdicts are withheld ('' when they are not): a failed instrument
-    check, or moments that are not the optimizer's own."""
+    """Per snapshot (variant, seed, step): why its verdicts are withheld ('' when they are not): a failed or missing
+    instrument check (one of REQUIRED not recorded for it), or moments that are not the optimizer's own."""
     checks = data["checks"]
-    failed = checks[(checks.kind == "instrument") & ~checks.passed.astype(bool)]
+    instrument = checks[checks.kind == "instrument"]
+    failed = instrument[~instrument.passed.astype(bool)]
     why = failed.groupby(SNAPSHOT).control.agg(lambda c: ", ".join(f"`{x}` failed" for x in sorted(set(c))))
+    have = instrument.groupby(SNAPSHOT).control.agg(set)
     snaps = data["verdicts"].groupby(SNAPSHOT).moments.agg(lambda m: sorted(set(m.dropna())))
     out = pd.Series("", index=snaps.index, dtype=object)
     for key, moments in snaps.items():
         reasons = [why[key]] if key in why.index else []
+        missing = [c for c in REQUIRED if c not in have.get(key, set())]
+        if missing:
+            reasons.append(", ".join(f"`{c}` not recorded" for c in missing))
         if moments != [MOMENTS]:
             reasons.append(f"moments {', '.join(map(str, moments)) or 'not recorded'}")
         out[key] = "; ".join(reasons)
@@ -123,9 +138,10 @@ def judged(data: dict[str, pd.DataFrame]) -> pd.DataFrame:
 
 
 def _runs_of_steps(steps: list[int]) -> list[list[int]]:
-    """``steps`` (sorted) cut into maximal runs of consecutive snapshots, GAP apart."""
+    """``steps`` cut into maximal runs of consecutive snapshots, GAP apart (a step met twice, e.g. a snapshot
+    measured again, counts once and does not break its run)."""
     out: list[list[int]] = []
-    for s in steps:
+    for s in sorted(set(steps)):
         if out and s - out[-1][-1] == GAP:
             out[-1].append(s)
         else:

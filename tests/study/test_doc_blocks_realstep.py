@@ -163,6 +163,26 @@ def test_a_failed_instrument_check_withholds_its_snapshot(S, tmp_path, failed_st
         assert "the longest stretch was 2 snapshots" in b["realstep-statement"]
 
 
+def _edit(root: Path, name: str, edit) -> None:
+    path = root / "study" / "results" / "gradients" / "realstep" / f"{name}.csv"
+    edit(pd.read_csv(path)).to_csv(path, index=False)
+
+
+def test_a_snapshot_missing_an_instrument_check_is_withheld_as_if_it_failed(S, tmp_path):
+    # the stretch 600-800 with step 700's realstep_matches_adamw row lost: no evidence that its step is the run's
+    root = write(S, tmp_path, raise_over(40, "(2x, 4x]", range(600, 801, 50)))
+    _edit(root, "checks", lambda c: c[~((c.seed == 40) & (c.step == 700) & (c.control == "realstep_matches_adamw"))])
+    b = blocks(S, root)
+    assert "seed 40 step 700 (`realstep_matches_adamw` not recorded)" in b["realstep-checks"]
+    assert "**None found at real steps**" in b["realstep-statement"]
+
+
+def test_a_snapshot_measured_twice_does_not_break_its_stretch(S, tmp_path):
+    root = write(S, tmp_path, raise_over(40, "(2x, 4x]", range(600, 801, 50)))
+    _edit(root, "verdicts", lambda v: pd.concat([v, v[(v.seed == 40) & (v.step == 700)]], ignore_index=True))
+    assert "`joint` seed 40: (2x, 4x] over steps 600–800." in blocks(S, root)["realstep-statement"]
+
+
 def test_before_the_grid_every_block_names_its_command(S, tmp_path):
     for name, text in blocks(S, tmp_path).items():
         assert text.startswith("Not run yet: `python -m probe.sweep study/sweeps/realstep.toml"), name
