@@ -231,8 +231,10 @@ def judge(claims: Claims, runs: pd.DataFrame) -> list[dict[str, Any]]:
         if row["claim"] in adjusted:
             p, q = pvalues[row["claim"]], float(adjusted[row["claim"]])
             ok = q < claims.alpha
-            size = (f"difference {_points(row['difference'])} points, CI [{_points(row['difference_ci_low'])}, "
-                    f"{_points(row['difference_ci_high'])}]")
+            # the interval is the two-sided 95 % Welch interval (it sizes the difference either way); the test is
+            # one-sided, so the interval is named as what it is rather than read as the test's own bound
+            size = (f"difference {_points(row['difference'])} points, two-sided 95 % CI "
+                    f"[{_points(row['difference_ci_low'])}, {_points(row['difference_ci_high'])}]")
             row |= {"p_permutation": p, "p_holm": q, "confirmed": ok,
                     "verdict": (f"confirmed: {size}" if ok else f"not confirmed: no difference detected in the claimed "
                                                                   f"direction, {size}")
