@@ -30,17 +30,17 @@ R2. Fit: a variant fails to fit when its state at 1x is detectably below `stopgr
 loss is detectably above it; it fits when neither is detected and both comparisons were tested; otherwise its fit is
 untested.
 
-R3. Beyond range: a variant harms when its state in (2x, 4x] is detectably below `stopgrad-rnn0`'s (like `joint`
-when no difference from `joint` is detected, more than `joint` when detectably below it, partly when detectably
-above it); it holds when it is detectably above `joint` and not detectably below `stopgrad-rnn0`; otherwise it is
-undecided at its seed counts (untested where a comparison it needs could not be tested).
+R3. Beyond range: a variant harms when its state in (2x, 4x] is detectably below `stopgrad-rnn0`'s (like `joint` when no
+difference from `joint` is detected, more than `joint` when detectably below it, partly when detectably above it); it
+holds when it is detectably above `joint` and tested against `stopgrad-rnn0` without being detectably below it;
+otherwise it is undecided at its seed counts (untested where a comparison it needs could not be tested).
 
 R4. Reading: a variant that harms and fits reads "harms"; one that harms and fails to fit reads "fails to fit" (its
 harm beyond range is not told apart from its failure in range); one that holds reads "holds", whatever its fit;
 anything else reads "undecided".
 
-R5. Lag: the lagged copies harm at both lags with no dose when both read "harms" and `lagged-copy-250` is not
-detectably different from `lagged-copy-50`; the harm grows with the lag when `lagged-copy-250` reads "harms" and is
+R5. Lag: the lagged copies harm at both lags with no dose when both read "harms" and `lagged-copy-250` is tested against
+`lagged-copy-50` with no difference detected; the harm grows with the lag when `lagged-copy-250` reads "harms" and is
 detectably below `lagged-copy-50`; they hold at both lags when both read "holds"; otherwise the lag is undecided.
 
 R6. Verdict on co-adaptation, the first that applies: (a) no verdict (yet) by R1; (b) `random-path` reads "harms" or
