@@ -1,13 +1,13 @@
 """The beyond-range lookahead (``probe.gradients``) over the early window of several runs, into small CSVs.
 
-Usage: ``python study/scripts/dense_lookahead.py DENSE_DIR/joint-seed5 ... [--steps 0 50 ... 500] [--work DIR]
-[--out study/results/gradients/dense]``. Each argument is a trajectory folder written by
-``python -m probe.retrain RUN --until 500 --steps $(seq 0 25 500) --out DENSE_DIR`` (the first 500 steps of a
-grid's run, a snapshot every 25 steps, checked bit for bit against the run's own snapshots). For each snapshot at
-``--steps`` it runs the lookahead at its defaults (``probe.gradients.analysis.analyze_checkpoint``: 24 direction
-batches, 8 evaluation batches per target, step scales 0, 0.01, 0.1, 0.3 and 1 x the optimizer's next update) and
-keeps every row in ``--work/<run>/step_XXXXXX.json`` (a rerun skips those: about 2 min of one core each). After
-each snapshot it rewrites, in ``--out``:
+Usage: ``python study/scripts/dense_lookahead.py DENSE_DIR/joint-seed5 ... [--steps 0 50 ... 500] [--work DIR] [--out
+study/results/gradients/dense] [--processes N]``. Each argument is a trajectory folder written by ``python -m
+probe.retrain RUN --until 500 --steps $(seq 0 25 500) --out DENSE_DIR`` (the first 500 steps of a grid's run, a snapshot
+every 25 steps, checked bit for bit against the run's own snapshots). For each snapshot at ``--steps`` it runs the
+lookahead at its defaults (``probe.gradients.analysis.analyze_checkpoint``: 24 direction batches, 8 evaluation batches
+per target, step scales 0, 0.01, 0.1, 0.3 and 1 x the optimizer's next update) and keeps every row in
+``--work/<run>/step_XXXXXX.json`` (a rerun skips those: about 2 min of one core each). After each snapshot it rewrites,
+in ``--out``:
 
 - ``lookahead.csv``: the lookahead rows (one per run, step, direction, target and step scale), floats to 4
   significant digits;
@@ -28,6 +28,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -128,26 +129,50 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", nargs="+", type=int, default=STEPS)
     p.add_argument("--work", type=Path, default=Path("runs/dense-lookahead"), help="per-snapshot cache")
     p.add_argument("--out", type=Path, default=STUDY / "results" / "gradients" / "dense")
+    p.add_argument("--processes", type=int, default=1, help="snapshots measured at a time, one thread each")
     args = p.parse_args(argv)
+    if args.processes < 1:
+        p.error(f"--processes must be at least 1, got {args.processes}")
     torch.set_num_threads(1)
     return measure_snapshots(
         lambda: snapshot_jobs(args.folders, args.steps, lambda f, step: f / f"step_{step:06d}.pt",
                               lambda f, step: args.work / f.name / f"step_{step:06d}.json",
                               "write the folder with python -m probe.retrain --steps covering it"),
-        measure, collect, args.out, first=lambda: [measure_builtin(args.work / "builtin.json")])
+        measure, collect, args.out, first=lambda: [measure_builtin(args.work / "builtin.json")],
+        processes=args.processes)
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)
 
 
 def measure_snapshots(jobs: Callable[[], list[tuple[Path, Path]]], measure_one: Callable[[Path, Path], dict],
                       collect_all: Callable[[list[dict], Path], None], out: Path,
-                      first: Callable[[], list[dict]] = list) -> int:
-    """The scripts' main loop: every ``(snapshot, cache)`` of ``jobs()`` measured in turn, and the CSVs in ``out``
-    rewritten after each, so a run cut short leaves every finished snapshot collected. Bad input: one line, 2."""
+                      first: Callable[[], list[dict]] = list, processes: int = 1) -> int:
+    """The scripts' main loop: every ``(snapshot, cache)`` of ``jobs()`` measured, and the CSVs in ``out`` rewritten
+    after each, so a run cut short leaves every finished snapshot collected. With ``processes`` > 1 the snapshots are
+    measured that many at a time, one thread each (``measure_one`` must then pickle: a module-level function or a
+    ``functools.partial`` of one), and this process alone writes ``out``, as each finishes: two scripts started on
+    one ``out`` would overwrite each other's CSVs. Bad input: one line, 2."""
     try:
         pending = jobs()
         objs = first()
-        for snap, cache in progress_iter(pending, "snapshots", True):
-            objs.append(measure_one(snap, cache))
-            collect_all(objs, out)
+        if processes <= 1:
+            for snap, cache in progress_iter(pending, "snapshots", True):
+                objs.append(measure_one(snap, cache))
+                collect_all(objs, out)
+        else:
+            # concurrent.futures rather than a hand-made pool: it cancels what has not started on Ctrl-C, and each
+            # finished snapshot is already in its cache (``cached`` writes it whole) for the rerun to skip
+            with ProcessPoolExecutor(processes, initializer=_one_thread) as pool:
+                futures = [pool.submit(measure_one, snap, cache) for snap, cache in pending]
+                try:
+                    for done in progress_iter(as_completed(futures), "snapshots", True, total=len(futures)):
+                        objs.append(done.result())
+                        collect_all(objs, out)
+                except BaseException:
+                    pool.shutdown(cancel_futures=True)
+                    raise
     except ProbeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -39,7 +39,8 @@ from probe.gradients.realstep import Z_DETECT, RealStepConfig
 REALSTEP = ("gradients", "realstep")
 FILES = ("realstep", "verdicts", "rollout", "checks")
 COMMANDS = ("python -m probe.sweep study/sweeps/realstep.toml --out runs/realstep && python study/scripts/"
-            "realstep_lookahead.py runs/realstep/joint/seed{40,41,42,43,44} --work runs/realstep-lookahead")
+            "realstep_lookahead.py runs/realstep/joint/seed{40,41,42,43,44} --work runs/realstep-lookahead "
+            "--processes 2")
 K = 4
 """Consecutive snapshots that must each support a raise (RULE)."""
 GAP = STEPS[1] - STEPS[0]

@@ -1,10 +1,10 @@
 """The lookahead at AdamW's real step and its rollouts (``probe.gradients.realstep``) over runs' snapshots, into CSVs.
 
-Usage: ``python study/scripts/realstep_lookahead.py RUN [RUN ...] [--steps 250 300 ... 1500] [--rollout 50]
-[--work DIR] [--out study/results/gradients/realstep]``. Each RUN is a run folder whose ``trajectory/`` holds
+Usage: ``python study/scripts/realstep_lookahead.py RUN [RUN ...] [--steps 250 300 ... 1500] [--rollout 50] [--work DIR]
+[--out study/results/gradients/realstep] [--processes N]``. Each RUN is a run folder whose ``trajectory/`` holds
 snapshots written with ``train.traj_optimizer=true`` (``study/sweeps/realstep.toml`` trains such runs). For each
-snapshot at ``--steps`` (default every 50 steps over 250-1500, where the early-cut grid places the counter's
-forming: ``rnn0-until250`` fails 2 of 5 seeds, ``rnn0-until1000`` holds 5 of 5), ``real_step_report`` measures:
+snapshot at ``--steps`` (default every 50 steps over 250-1500, where the early-cut grid places the counter's forming:
+``rnn0-until250`` fails 2 of 5 seeds, ``rnn0-until1000`` holds 5 of 5), ``real_step_report`` measures:
 
 - the real step (``measure_real_step`` at its defaults): AdamW's next update from the snapshot's own optimizer
   state, split into attention's part, the recurrent part, the carried momentum and the weight decay, each stepped
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -95,14 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rollout", type=int, default=ROLLOUT, help="steps of each rollout branch")
     p.add_argument("--work", type=Path, default=Path("runs/realstep-lookahead"), help="per-snapshot cache")
     p.add_argument("--out", type=Path, default=STUDY / "results" / "gradients" / "realstep")
+    p.add_argument("--processes", type=int, default=1, help="snapshots measured at a time, one thread each")
     args = p.parse_args(argv)
+    if args.processes < 1:
+        p.error(f"--processes must be at least 1, got {args.processes}")
     torch.set_num_threads(1)
     return measure_snapshots(
         lambda: snapshot_jobs(args.runs, args.steps, lambda run, step: run / "trajectory" / f"step_{step:06d}.pt",
                               lambda run, step: args.work / f"{run.parent.name}-{run.name}" / f"step_{step:06d}.json",
                               "train the run with --set train.traj_every=50 --set train.traj_optimizer=true --set "
                               "train.traj_dtype=float32"),
-        lambda snap, cache: measure(snap, cache, args.rollout), collect, args.out)
+        partial(measure, rollout=args.rollout), collect, args.out, processes=args.processes)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -55,3 +56,30 @@ def test_dense_lookahead_script_writes_every_snapshot_once_and_refuses_a_missing
     again = D.measure(folder / "step_000020.pt", work / "20.json")
     assert json.dumps(again, sort_keys=True) == json.dumps(objs[1], sort_keys=True)
     assert D.main([str(folder), "--steps", "0", "25", "--work", str(work), "--out", str(out)]) == 2
+
+
+def _measure_in_worker(snap: Path, cache: Path) -> dict:
+    """A stand-in for a snapshot's measurement: which process measured it, written to its cache."""
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    obj = {"snapshot": snap.name, "pid": os.getpid()}
+    cache.write_text(json.dumps(obj))
+    return obj
+
+
+def test_snapshots_measured_in_worker_processes_are_all_collected_by_this_one(D, tmp_path):
+    work, out = tmp_path / "work", tmp_path / "out"
+    written: list[int] = []
+    objs: list[dict] = []
+
+    def collect(collected: list[dict], out: Path) -> None:  # runs here, once per finished snapshot
+        written.append(len(collected))
+        objs[:] = collected
+        out.mkdir(exist_ok=True)
+        pd.DataFrame({"passed": [True] * len(collected)}).to_csv(out / "checks.csv", index=False)
+
+    jobs = [(Path(f"step_{i:06d}.pt"), work / f"{i}.json") for i in range(6)]
+    assert D.measure_snapshots(lambda: jobs, _measure_in_worker, collect, out, processes=2) == 0
+    assert sorted(o["snapshot"] for o in objs) == sorted(s.name for s, _ in jobs)
+    assert os.getpid() not in {o["pid"] for o in objs}  # measured in the pool, not here
+    assert written == [1, 2, 3, 4, 5, 6] and all((work / f"{i}.json").is_file() for i in range(6))
+
