@@ -28,6 +28,13 @@ def S(study_scripts):
     return study_scripts("realstep_lookahead", "doc_blocks_realstep")
 
 
+@pytest.fixture(autouse=True)
+def two_seed_grid(S, monkeypatch):
+    """The synthetic grids here are seeds 40 and 41 at every step: the whole grid, as far as the blocks know."""
+    assert S[1].GRID_SEEDS == (40, 41, 42, 43, 44)  # sweeps/realstep.toml's
+    monkeypatch.setattr(S[1], "GRID_SEEDS", (40, 41))
+
+
 def snapshot(seed: int, step: int, effects: dict[str, tuple[float, float, float]], share: float = 0.05,
              adamw_error: float = 1e-6) -> dict:
     """One snapshot's rows as ``realstep_lookahead.measure`` returns them, built by probe's own ``verdicts``,
@@ -75,6 +82,12 @@ def raise_over(seed: int, window: str, steps, effect=RAISE) -> dict:
     return {(seed, window, s): effect for s in steps}
 
 
+def _edit(root: Path, name: str, edit) -> None:
+    """Rewrite one of the committed CSVs through ``edit`` (a snapshot lost, measured twice, ...)."""
+    path = root / "study" / "results" / "gradients" / "realstep" / f"{name}.csv"
+    edit(pd.read_csv(path)).to_csv(path, index=False)
+
+
 def blocks(S, root: Path) -> dict[str, str]:
     return {name: f(root) for name, f in S[1].BLOCKS.items()}
 
@@ -113,6 +126,20 @@ def test_no_raise_reads_none_found(S, tmp_path):
     assert "**None found at real steps**: in none of the 2 runs (seeds 40, 41)" in statement
     assert "no snapshot supported a raise" in statement
     assert "raises the beyond-range loss at real steps**" not in statement
+
+
+def test_until_every_snapshot_is_measured_the_statement_is_provisional(S, tmp_path):
+    # seed 41's step 700 not measured yet: its 3-long stretches either side may join into one of 7
+    root = write(S, tmp_path, raise_over(41, "(2x, 4x]", [550, 600, 650, 750, 800, 850]))
+    _edit(root, "verdicts", lambda v: v[~((v.seed == 41) & (v.step == 700))])
+    statement = blocks(S, root)["realstep-statement"]
+    assert "**None found so far** (provisional: 51 of the grid's 52 snapshots measured" in statement
+    assert "**None found at real steps**" not in statement
+    raised = write(S, tmp_path / "raised", raise_over(40, "(2x, 4x]", range(600, 801, 50)))
+    _edit(raised, "verdicts", lambda v: v[~((v.seed == 41) & (v.step == 1500))])
+    statement = blocks(S, raised)["realstep-statement"]
+    assert ("in 1 of the 2 runs (seeds 40, 41) (provisional: 51 of the grid's 52 snapshots measured" in statement
+            and "None found so far in `joint` seed 41." in statement)
 
 
 @pytest.mark.parametrize("n, named", [(3, False), (4, True)])
@@ -161,11 +188,6 @@ def test_a_failed_instrument_check_withholds_its_snapshot(S, tmp_path, failed_st
     else:  # inside it: 600-650 and 750-800 are two stretches of 2
         assert "**None found at real steps**" in b["realstep-statement"]
         assert "the longest stretch was 2 snapshots" in b["realstep-statement"]
-
-
-def _edit(root: Path, name: str, edit) -> None:
-    path = root / "study" / "results" / "gradients" / "realstep" / f"{name}.csv"
-    edit(pd.read_csv(path)).to_csv(path, index=False)
 
 
 def test_a_snapshot_missing_an_instrument_check_is_withheld_as_if_it_failed(S, tmp_path):
