@@ -339,7 +339,17 @@ def test_a_registered_family_counts_the_pairs_with_no_runs_yet():
     alone = compare(c, [], pairs=[("dat", "joint")]).iloc[0]
     registered = compare(c, [], pairs=[("dat", "joint")], family=3).iloc[0]
     assert alone.p_holm == pytest.approx(2 / 924) and registered.p_holm == pytest.approx(3 * 2 / 924)
-    assert registered.family == 3 and registered.n_tests == 1
+    assert registered.family == 3 and registered.n_tests == 1 and registered.adjusted_over == 3
+    assert registered.p_bh == pytest.approx(3 * 2 / 924)  # BH's step-up: the stand-ins at 1 leave rank 1 at 3 p
+    # a registered pair present but with too few seeds so far is no test yet: it stands in with p = 1 too, so one
+    # untestable seed of another variant never lowers the adjustment below the complete grid's
+    one_seed = curves({"joint": joint, "dat": dat, "stopgrad": [0.61]})
+    mixed = compare(one_seed, [], pairs=[("dat", "joint"), ("stopgrad", "joint")], family=3)
+    assert not mixed.iloc[1].testable and mixed.iloc[0].p_holm == pytest.approx(3 * 2 / 924)
+    assert "and 2 registered pairs not run as tests (p = 1 each)" in comparison_table(mixed)
+    # without a registered family, a pair that cannot reject is left out of the adjustment (Tarone)
+    adhoc = compare(one_seed, [], pairs=[("dat", "joint"), ("stopgrad", "joint")]).iloc[0]
+    assert adhoc.p_holm == pytest.approx(2 / 924) and adhoc.adjusted_over == 1
     small = curves({"joint": joint[:4], "dat": dat[:4]})
     assert compare(small, [], pairs=[("dat", "joint")]).iloc[0].testable
     assert not compare(small, [], pairs=[("dat", "joint")], family=3).iloc[0].testable

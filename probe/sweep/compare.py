@@ -58,14 +58,15 @@ def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "stat
     """One row per (variant, baseline): means over seeds of token accuracy at ``factor`` x L_train (or, given
     ``windows`` and a ``window`` name such as ``"(2x, 4x]"``, in that window of positions: the metric of record),
     their difference with its Welch 95 % interval, the exact two-sided permutation p, the smallest p the seed
-    counts allow, and Holm- and BH-adjusted p over the table. The rows are every variant against each of
-    ``baselines``, or exactly the (variant, baseline) ``pairs`` given. A pair met twice (``dat`` vs ``joint`` and
-    ``joint`` vs ``dat``) is one test of the family, so the adjustment counts it once. A pair whose seed counts
-    cannot reach an adjusted p below 0.05 in a family of this size (``can_reject``) is not run as a test: its p
-    columns are NaN and its verdict says it is descriptive. ``family``, the size of a family fixed before the runs,
-    counts the pairs not given here (a variant with no runs yet): each stands in with p = 1 in the adjustment, so a
-    grid read part-way is adjusted over the whole family it was registered with, never over the pairs it happens to
-    have."""
+    counts allow, and Holm- and BH-adjusted p. The rows are every variant against each of ``baselines``, or
+    exactly the (variant, baseline) ``pairs`` given. A pair met twice (``dat`` vs ``joint`` and ``joint`` vs
+    ``dat``) is one test of the family, so the adjustment counts it once. A pair whose seed counts cannot reach an
+    adjusted p below 0.05 in a family of this size (``can_reject``) is not run as a test: its p columns are NaN and
+    its verdict says it is descriptive, and the adjustment runs over the tests run. ``family``, the size of a family
+    fixed before the runs, is used instead when given: every pair of it not run as a test (not given here, its
+    variant has no runs yet, or given with too few seeds so far) stands in with p = 1, so a grid read part-way is
+    adjusted over the whole family it was registered with, never over the tests it happens to have
+    (``adjusted_over`` says how many p values the adjustment saw)."""
     if window is not None:
         if windows is None or windows.empty:
             raise ProbeError(f"comparison in window {window}: this grid has no windows (evaluated before them?)")
@@ -100,6 +101,7 @@ def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "stat
     present = frame.pair.nunique()
     if family is not None and family < present:
         raise ProbeError(f"a family of {family} cannot hold the {present} pairs compared")
+    registered = family is not None
     family = present if family is None else family
     frame["testable"] = [bool(len(a) and len(b)) and can_reject(len(a), len(b), family=family, alpha=ALPHA)
                          for a, b in zip(frame._a, frame._b, strict=True)]
@@ -107,13 +109,17 @@ def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "stat
                               for a, b, ok in zip(frame._a, frame._b, frame.testable, strict=True)]
     frame = frame.drop(columns=["_a", "_b"])
     unique = frame[frame.testable].drop_duplicates("pair")
-    waiting = np.ones(family - present)  # the registered pairs with no runs yet: p = 1 each
+    # a registered family: every pair of it not run as a test (no runs yet, or too few seeds so far) stands in with
+    # p = 1, so a grid read part-way is never adjusted over fewer tests than the complete grid will be. Without one,
+    # a pair whose seeds cannot reject is left out (Tarone): its testability is fixed by the seed counts alone.
+    waiting = np.ones(family - len(unique) if registered else 0)
     p_all = np.concatenate([unique.p_permutation.to_numpy(), waiting])
     adjusted = pd.DataFrame({"pair": unique.pair, "p_holm": holm(p_all)[:len(unique)],
                              "p_bh": benjamini_hochberg(p_all)[:len(unique)]})
     frame = frame.merge(adjusted, on="pair", how="left").drop(columns="pair")
     frame["n_tests"] = len(unique)
     frame["family"] = family
+    frame["adjusted_over"] = len(p_all)
     frame["verdict"] = [_verdict(r) for r in frame.itertuples()]
     return frame
 
@@ -295,11 +301,20 @@ def comparison_table(rows: pd.DataFrame) -> str:
     where = f"in the window {r0.window} of positions" if r0.get("window") else f"at {r0.factor}x L_train"
     lines = [f"Against baselines: {r0.subtask} token accuracy (%) {where}. Difference of means with "
              "its Welch 95 % interval; p: exact two-sided permutation test over seeds (twice the smaller tail; "
-             f"min. p: the smallest those seed counts allow); Holm and BH: adjusted over the {int(r0.n_tests)} "
-             f"distinct tests of this table that were run (a pair whose seeds cannot reach adjusted p < {ALPHA} "
-             f"in the family of {int(r0.family)} is reported descriptively); verdict at Holm p < {ALPHA}.", "",
+             f"min. p: the smallest those seed counts allow); Holm and BH: adjusted over {_over(r0)} (a pair "
+             f"whose seeds cannot reach adjusted p < {ALPHA} in the family of {int(r0.family)} is reported "
+             f"descriptively); verdict at Holm p < {ALPHA}.", "",
              pipe_table(head, cells)]
     return "\n".join(lines) + "\n"
+
+
+def _over(r0: Any) -> str:
+    """What a comparison table's adjustment ran over: the tests run, and any registered pairs standing in."""
+    tests = f"the {int(r0.n_tests)} distinct tests of this table that were run"
+    over = int(getattr(r0, "adjusted_over", r0.n_tests))
+    if over == int(r0.n_tests):
+        return tests
+    return f"{tests} and {over - int(r0.n_tests)} registered pairs not run as tests (p = 1 each)"
 
 
 def plot_seed_dots(curves: pd.DataFrame, summary: pd.DataFrame, subtask: str = "state", factor: int = 3):

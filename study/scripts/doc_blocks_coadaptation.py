@@ -10,15 +10,14 @@ Measures, per seed. Beyond range: the state's token accuracy at stream positions
 metric of record). Fit: the state's token accuracy at 1x (length 25, every position in range) and the training loss
 at the last step (training.csv: the running mean the trainer logs at each evaluation).
 
-Comparisons. Difference of means over seeds with its Welch 95 % interval and the exact two-sided permutation p.
-Family B (state in (2x, 4x], 14 comparisons): `joint` against `stopgrad-rnn0`; each of `random-path`,
-`lagged-copy-50`, `lagged-copy-250`, `frozen-model-copy`, `frozen-copy` and `placebo` against `joint` and against
-`stopgrad-rnn0`; `lagged-copy-250` against `lagged-copy-50`. Family F (fit, 12 comparisons): each of those six
-against `stopgrad-rnn0` on the state at 1x and on the final training loss. Holm within each family at 0.05 over the
-comparisons run as tests, a registered comparison with no runs yet standing in with p = 1. A comparison whose design
-cannot reach adjusted p < 0.05 (its smallest exact p times the family size) is shown descriptively and detects
-nothing. "Detectably below" ("above"): Holm-adjusted p < 0.05 with
-the difference below (above) 0.
+Comparisons. Difference of means over seeds with its Welch 95 % interval and the exact two-sided permutation p. Family B
+(state in (2x, 4x], 14 comparisons): `joint` against `stopgrad-rnn0`; each of `random-path`, `lagged-copy-50`,
+`lagged-copy-250`, `frozen-model-copy`, `frozen-copy` and `placebo` against `joint` and against `stopgrad-rnn0`;
+`lagged-copy-250` against `lagged-copy-50`. Family F (fit, 12 comparisons): each of those six against `stopgrad-rnn0` on
+the state at 1x and on the final training loss. Holm within each family at 0.05 over its registered size: a comparison
+not run as a test (no runs yet, or too few seeds so far) stands in with p = 1. A comparison whose design cannot reach
+adjusted p < 0.05 (its smallest exact p times the family size) is shown descriptively and detects nothing. "Detectably
+below" ("above"): Holm-adjusted p < 0.05 with the difference below (above) 0.
 
 Decision rules (pre-registered):
 
@@ -71,6 +70,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import tomllib
 from doc_format import (
     ALPHA,
     can_reach,
@@ -104,6 +104,9 @@ CAP_BOUND_MAX = 0.05
 MATCH_TOTAL_MIN = 0.95
 """R7: the placebo's norm matches in a seed when the cap bound on at most CAP_BOUND_MAX of its steps and it removed
 at least MATCH_TOTAL_MIN of the target norm over the run."""
+GRID_SEEDS = tuple(int(x) for x in tomllib.loads(
+    (Path(__file__).resolve().parents[1] / "sweeps" / f"{GRID}.toml").read_text())["seeds"])
+"""sweeps/coadaptation2.toml's seeds: every variant runs each; the verdict is final once all are committed."""
 NOT_RUN = ("Not run yet: `python -m probe.sweep study/sweeps/coadaptation2.toml --out runs/coadaptation2`, then "
            "`study/scripts/collect_grid.sh coadaptation2`.")
 MEASURES = {"beyond": "state in (2x, 4x] (points)", "state_1x": "state at 1x (points)",
@@ -172,7 +175,7 @@ FIT_PAIRS = [(v, CUT, m) for v in READ for m in ("state_1x", "loss")]
 def family(v: pd.DataFrame, pairs: list[tuple[str, str, str]]) -> dict[tuple[str, str, str], Comparison]:
     """Every pair of ``pairs`` with both sides committed, tested as probe.sweep.compare tests (Welch interval, exact
     permutation p where the design can reach adjusted p < ALPHA in the registered family, Holm over the tests run
-    and, at p = 1, the registered pairs with no runs yet).
+    and, at p = 1, every other registered pair: no runs yet, or too few seeds so far).
     compare() reads accuracies from curves or windows; family F also tests the training loss, so both families go
     through this one routine over per-seed values."""
     present = [(a, b, m) for a, b, m in pairs if len(_of(v, a, m)) and len(_of(v, b, m))]
@@ -184,7 +187,10 @@ def family(v: pd.DataFrame, pairs: list[tuple[str, str, str]]) -> dict[tuple[str
         ok = can_reach("seeds", len(x), len(y), k)
         rows.append(dict(variant=a, baseline=b, measure=m, n=len(x), m=len(y), estimate=diff.estimate, low=diff.low,
                          high=diff.high, family=k, testable=ok, p=permutation_p(x, y) if ok else math.nan))
-    adjusted = holm([r["p"] for r in rows] + [1.0] * (k - len(rows)))[:len(rows)]
+    # every registered pair not run as a test (no runs yet, or seeds too few so far) stands in with p = 1
+    tested = [r["p"] for r in rows if r["testable"]]
+    q = iter(holm(tested + [1.0] * (k - len(tested)))[:len(tested)])
+    adjusted = [next(q) if r["testable"] else math.nan for r in rows]
     return {(r["variant"], r["baseline"], r["measure"]): Comparison(**r, p_holm=float(q))
             for r, q in zip(rows, adjusted, strict=True)}
 
@@ -262,7 +268,7 @@ def verdict(v: pd.DataFrame) -> tuple[Verdict, dict[str, str], dict, dict]:
     state = ends(beyond)
     readings = {x: reading(fit_reading(fit, x), beyond_reading(beyond, x)) for x in READ}
     if state == "untested":
-        n, m, k = _n(v, JOINT), _n(v, CUT), len(beyond)
+        n, m, k = _n(v, JOINT), _n(v, CUT), len(BEYOND_PAIRS)
         why = (f"{n} vs {m} seeds of `joint` and `stopgrad-rnn0` cannot reach adjusted p < {ALPHA} in family B of {k} "
                f"(smallest attainable {min_adjusted_text('seeds', n, m, k)})" if n and m
                else "`joint` or `stopgrad-rnn0` has no committed run")
@@ -329,9 +335,14 @@ def cap_table(root: Path) -> pd.DataFrame | None:
     return cap.assign(matched=(cap.bound_steps <= CAP_BOUND_MAX * cap.steps) & (cap.ratio_total >= MATCH_TOTAL_MIN))
 
 
+def _placebo_seeds(v: pd.DataFrame) -> set[int]:
+    """The seeds `placebo`'s reading is made from: its committed runs with the state in (2x, 4x]."""
+    return {int(x) for x in v.loc[(v.variant == "placebo") & v.beyond.notna(), "seed"]}
+
+
 def placebo_sentence(root: Path, v: pd.DataFrame, readings: dict[str, str], separated: bool) -> str:
     cap = cap_table(root)
-    seeds = set(v.loc[(v.variant == "placebo") & v.beyond.notna(), "seed"])  # the seeds its reading is made from
+    seeds = _placebo_seeds(v)
     n = len(seeds)
     if n == 0:
         return "No `placebo` run is committed yet."
@@ -465,15 +476,25 @@ def coadaptation_verdict(root: Path) -> str:
     if v is None:
         return NOT_RUN + " Until it runs, co-adaptation is untested, not refuted."
     result, readings, beyond, _ = verdict(v)
-    return (f"**{result.text}**\n\n"
+    expected = {(x, s) for x in VARIANTS for s in GRID_SEEDS}
+    have = expected & {(x, int(s)) for x, s in v.loc[v.beyond.notna(), ["variant", "seed"]].itertuples(index=False)}
+    # a verdict read at every collection of a grid in progress would be a test repeated until it passes
+    pending = ("" if have == expected else
+               f"Provisional ({len(have)} of the grid's {len(expected)} runs committed; the verdict is the rules' "
+               "reading of the complete grid, this is their reading of the runs so far): ")
+    return (f"{pending}**{result.text}**\n\n"
             + placebo_sentence(root, v, readings, ends(beyond) == "separated"))
 
 
 def coadaptation_placebo(root: Path) -> str:
-    """R7: per placebo seed, the cap's use and the norm removed against the target, from its per-step log."""
-    if values(root) is None:
+    """R7: per placebo seed, the cap's use and the norm removed against the target, from its per-step log (the
+    seeds of its committed runs only, as R7 reads them)."""
+    v = values(root)
+    if v is None:
         return NOT_RUN
     cap = cap_table(root)
+    if cap is not None:
+        cap = cap[cap.seed.isin(_placebo_seeds(v))]
     if cap is None or cap.empty:
         return ("No placebo cap log is summarised yet (`python study/scripts/placebo_cap.py runs/coadaptation2 "
                 "study/results/coadaptation2`).")

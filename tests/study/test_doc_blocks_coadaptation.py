@@ -124,6 +124,27 @@ def test_co_adaptation_is_supported_when_only_a_learning_attention_harms_and_a_m
     assert len(beyond) == 14 and len(fit) == 12 and all(c.testable for c in [*beyond.values(), *fit.values()])
     text = B.coadaptation_verdict(root)
     assert "attention's path, not the amount of gradient" in text  # the placebo matched in every seed, and harms
+    assert text.startswith("**Consistent with co-adaptation")  # every run of the grid is in: final
+
+
+def test_a_part_way_family_is_adjusted_over_its_registered_size_whatever_the_other_variants_hold(D):
+    # the ends at 8 seeds each; random-path at 2 seeds (no test yet); the 12 other pairs of family B with no runs.
+    # joint vs stopgrad-rnn0 is the only test: Holm multiplies its p by all 14, never by the 2 pairs present
+    B, _ = D
+    rows = [dict(variant=x, seed=s, beyond=b, state_1x=0.995, loss=0.002)
+            for x, b in ((B.JOINT, 0.6), (B.CUT, 0.99)) for s in SEEDS]
+    rows += [dict(variant="random-path", seed=s, beyond=0.99, state_1x=0.995, loss=0.002) for s in SEEDS[:2]]
+    beyond = B.family(pd.DataFrame(rows), B.BEYOND_PAIRS)
+    ends = beyond[(B.JOINT, B.CUT, "beyond")]
+    assert ends.testable and not beyond[("random-path", B.CUT, "beyond")].testable
+    assert ends.family == 14 and ends.p_holm == pytest.approx(min(1.0, 14 * ends.p))
+
+
+def test_a_grid_read_part_way_gives_a_provisional_reading_not_the_verdict(D, tmp_path):
+    # 6 of 8 seeds: 6 vs 6 can reach adjusted p < 0.05 in a family of 14, so the rules already read something
+    B, _ = D
+    text = B.coadaptation_verdict(_write(tmp_path, D, _spec(), seeds=SEEDS[:6]))
+    assert text.startswith("Provisional (48 of the grid's 64 runs committed;") and "**Consistent with" in text
 
 
 def test_a_random_direction_that_harms_leaves_co_adaptation_untested(D, tmp_path):
@@ -206,6 +227,8 @@ def test_the_placebo_is_read_only_from_a_cap_log_of_its_own_seeds(D, tmp_path):
     cap.to_csv(path, index=False)
     text = B.coadaptation_verdict(root)
     assert "summarised for 7 of its 8 seeds" in text and "not interpreted" in text
+    table = B.coadaptation_placebo(root)
+    assert "| 99 |" not in table and "in 7 of 7 seeds" in table  # the table shows what R7 reads
 
 
 # --- what the doc shows -------------------------------------------------------------------------------------------
