@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import tomllib
 from doc_format import grid_of, min_adjusted_text, p_text, pct, per_seed, results_dir, table
 
 from probe.results import Grid
@@ -71,6 +72,18 @@ ESTIMATE_TOLERANCE = 0.02
 pooled with measured ones."""
 LR_SEEDS = (60, 61)
 """sweeps/ssm_lr.toml's seeds (every lr runs both)."""
+
+def _plan(name: str) -> dict:
+    """A grid's sweep file (study/sweeps/NAME.toml): what was planned before its runs, so that a grid collected part
+    way is read against all it will hold, not against the runs it happens to have."""
+    return tomllib.loads((Path(__file__).resolve().parents[1] / "sweeps" / f"{name}.toml").read_text())
+
+
+BOUNDARY_PLAN = _plan("ssm_boundary")
+BOUNDARY_VARIANTS = tuple(v["name"] for v in BOUNDARY_PLAN["variant"])
+"""The screen's variants: one with no run collected yet is pending, never passed over."""
+LR_VARIANTS = tuple(v["name"] for v in _plan("ssm_lr")["variant"])
+COMPLEX10_SEEDS = tuple(_plan("ssm_complex10")["seeds"])
 
 # What theory allows at every length, per range, on the running sum mod 10: the closed ranges reach the transitions
 # exactly (a = -1, |a| = 1), the open ones only approximately.
@@ -226,15 +239,16 @@ def screen(values: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
 
 def extension_toml(qualifying: list[str]) -> str:
     """The extension's sweep file: the screen's settings, seeds 53-59, the qualifying variants only (each variant
-    of sweeps/ssm_boundary.toml is named after its preset). Rendered, not read from study/sweeps: a block is a
-    function of the results alone; tests/study/test_doc_blocks_ssm.py checks that a committed
+    of sweeps/ssm_boundary.toml is named after its preset). Rendered from the screen's results and its sweep
+    file's settings, not read from a committed extension: tests/study/test_doc_blocks_ssm.py checks that a committed
     study/sweeps/ssm_boundary10.toml is this text."""
+    plan = BOUNDARY_PLAN
     lines = ["# The 10-seed extension of sweeps/ssm_boundary.toml (its rule: a variant whose screening seeds 50-52",
              "# include one with state >= 90 % in (4x, 8x]), rendered from the committed screen by",
              "# study/scripts/doc_blocks_ssm.py; the same settings, seeds 53-59.",
              'name = "ssm_boundary10"', f"seeds = [{', '.join(map(str, EXTENSION_SEEDS))}]",
-             'set = ["train.precision=auto", "train.optimizer_impl=fused"]', 'eval_lengths = "16x"',
-             "eval_factors = true", 'order = "seed"']
+             "set = [" + ", ".join(f'"{x}"' for x in plan["set"]) + "]", f'eval_lengths = "{plan["eval_lengths"]}"',
+             f"eval_factors = {str(plan['eval_factors']).lower()}", f'order = "{plan["order"]}"']
     for v in qualifying:
         lines += ["", "[[variant]]", f'name = "{v}"', f'preset = "{v}"']
     return "\n".join(lines) + "\n"
@@ -259,7 +273,7 @@ def ssm_boundary(root: Path) -> str:
     if got is None:
         return _run_first("ssm_boundary")
     values, variants = got
-    sc = screen(values, variants)
+    sc = screen(values, list(BOUNDARY_VARIANTS))
     rows = [[f"`{r.variant}`", " ".join(map(str, r.seeds)), per_seed(r.window),
              {True: "qualifies: extended to 10 seeds", False: "screened, not extended (reported on its 3 seeds, not "
               "as a finding)", None: f"pending: {r.screened} of {len(SCREEN_SEEDS)} screened, none >= "
@@ -351,7 +365,7 @@ def ssm_lr(root: Path) -> str:
             f"{pct(HOLDS)} %; chance 10):\n\n"
             + table(["variant", "lr", "seeds", "state in range, each seed", "final loss, each seed", "fits 1x",
                      *[lab for _, lab, _, _ in WINDOWS[1:]]], rows)
-            + "\n\n" + lr_verdict(values, grid.variants, planned))
+            + "\n\n" + lr_verdict(values, list(LR_VARIANTS), planned))
 
 
 # --- ssm_complex10: the complex SSM on 15 seeds per schedule ---------------------------------------------------------
@@ -402,6 +416,17 @@ def _seeds_text(part: pd.DataFrame) -> str:
     return text + (f" (windows of {' '.join(map(str, est))} estimated from curves)" if len(est) else "")
 
 
+def _provisional(values: pd.DataFrame) -> str:
+    """'' once every variant of sweeps/ssm_complex10.toml has each of its seeds collected; else a clause saying the
+    rules below read only the runs so far."""
+    planned = {(v, int(s)) for v in COMPLEX for s in COMPLEX10_SEEDS}
+    have = planned & {(v, int(s)) for v, s in values[["variant", "seed"]].itertuples(index=False)}
+    if have == planned:
+        return ""
+    return (f"**Provisional**: {len(have)} of ssm_complex10's {len(planned)} runs collected; the rules are read "
+            "on the runs so far, and their reading of the complete grid is the finding.\n\n")
+
+
 def ssm_complex10(root: Path) -> str:
     """Per schedule: the seeds, whether it learns Z_10 (the module docstring's rule), where it loses the state and
     each factor, and every window per factor beside its chance floor."""
@@ -416,9 +441,9 @@ def ssm_complex10(root: Path) -> str:
         lost = [lost_at(part, n) for n, _, _ in FACTORS]
         rows.append([f"`{v}`", _seeds_text(part), learns_z10(part),
                      *["held to 16x" if x is None else x for x in lost]])
-    return ("Whether each schedule learns Z_10 beyond its training lengths (at least half of its seeds at or above "
-            f"{pct(HOLDS)} % in (2x, 4x]) and where it loses the state and each factor (the first window whose mean "
-            f"over seeds falls below {pct(HOLDS)} %); {check}.\n\n"
+    return (_provisional(values) + "Whether each schedule learns Z_10 beyond its training lengths (at least half of "
+            f"its seeds at or above {pct(HOLDS)} % in (2x, 4x]) and where it loses the state and each factor (the "
+            f"first window whose mean over seeds falls below {pct(HOLDS)} %); {check}.\n\n"
             + table(["variant", "seeds", "learns Z_10", "state lost in", "parity lost in", "mod 5 lost in"], rows)
             + "\n\nEvery window per factor (%): mean over seeds · seeds at or above "
             f"{pct(HOLDS)} %:\n\n" + factor_table(values, variants))
@@ -445,10 +470,10 @@ def ssm_complex10_compare(root: Path) -> str:
         rows.append([f"`{r.variant}`", f"{r.n_seeds} vs {r.n_seeds_baseline}", pct(r.mean), pct(r.mean_baseline),
                      f"{100 * r.difference:+.1f} {ci}", p_text(r.p_permutation),
                      min_adjusted_text("seeds", r.n_seeds, r.n_seeds_baseline, k), p_text(r.p_holm), verdict])
-    return (f"Each against `hybrid-ssm-complex-joint`, state in {COMPARED} (%), mean over seeds; difference of means "
-            "with its Welch 95 % interval; p: two-sided permutation test over seeds (exact up to 2,000,000 "
-            "relabelings, beyond that a seeded Monte Carlo of 200,000); min. adj. p: the family's size times the "
-            f"smallest p those seed counts allow; Holm over this family of {k}:\n\n"
+    return (_provisional(values) + f"Each against `hybrid-ssm-complex-joint`, state in {COMPARED} (%), mean over "
+            "seeds; difference of means with its Welch 95 % interval; p: two-sided permutation test over seeds "
+            "(exact up to 2,000,000 relabelings, beyond that a seeded Monte Carlo of 200,000); min. adj. p: the "
+            f"family's size times the smallest p those seed counts allow; Holm over this family of {k}:\n\n"
             + table(["variant", "seeds", "mean", "joint's", "difference [95 % CI]", "p", "min. adj. p", "Holm p",
                      "verdict"], rows))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import tomllib
 
 from probe.results import Grid, run_summary, window_columns, write_grid
 
@@ -24,8 +25,19 @@ def B(study_scripts):
 
 
 def _root(tmp_path: Path) -> Path:
-    """A repository with nothing but the results a test writes (no sweep files: a block reads results only)."""
+    """A repository with nothing but the results a test writes (the blocks read the planned grids from the
+    repository's own sweep files)."""
     return tmp_path
+
+
+SYNTHETIC_SCREEN = ("ssm-complex-closed", "ssm-negative-closed", "ssm-positive-closed")
+
+
+@pytest.fixture
+def screen_of_three(B, monkeypatch):
+    """The synthetic screens below plan these three variants only (the real one plans seven)."""
+    assert set(SYNTHETIC_SCREEN) < set(B.BOUNDARY_VARIANTS) and len(B.BOUNDARY_VARIANTS) == 7
+    monkeypatch.setattr(B, "BOUNDARY_VARIANTS", SYNTHETIC_SCREEN)
 
 
 def _run(variant: str, seed: int, accs: dict[str, list[float]], windows: bool, skew: float = 0.0):
@@ -103,7 +115,7 @@ def _rows(text: str, variant: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(f"| `{variant}`")]
 
 
-def test_the_screen_extends_exactly_the_variants_with_a_seed_at_90_in_4x_8x(B, tmp_path):
+def test_the_screen_extends_exactly_the_variants_with_a_seed_at_90_in_4x_8x(B, tmp_path, screen_of_three):
     from probe.sweep.config import load_config
 
     root = _root(tmp_path)
@@ -119,6 +131,18 @@ def test_the_screen_extends_exactly_the_variants_with_a_seed_at_90_in_4x_8x(B, t
     cfg = load_config(path)
     assert [v.name for v in cfg.variants] == ["ssm-complex-closed"] and cfg.seeds == tuple(range(53, 60))
     assert [v.preset for v in cfg.variants] == ["ssm-complex-closed"] and cfg.eval_factors
+    screen = tomllib.loads((ROOT / "study" / "sweeps" / "ssm_boundary.toml").read_text())
+    extension = tomllib.loads(toml)
+    assert all(extension[k] == screen[k] for k in ("set", "eval_lengths", "eval_factors", "order"))
+
+
+def test_a_planned_variant_with_no_run_collected_is_pending_not_passed_over(B, tmp_path):
+    # the real screen's seven variants, of which three have runs: the four hybrids wait, so no extension is written
+    root = _root(tmp_path)
+    _boundary(root)
+    text = B.ssm_boundary(root)
+    assert "| `hybrid-ssm-complex-closed-dat` |  |  | pending: 0 of 3 screened" in text
+    assert "decided once every variant is screened" in text and "```toml" not in text
 
 
 def test_every_variant_of_the_screen_is_named_after_its_preset():
@@ -137,7 +161,7 @@ def test_a_committed_extension_is_the_one_the_committed_screen_calls_for(B):
     assert path.read_text() == text.split("```toml\n")[1].split("```")[0]
 
 
-def test_the_screen_waits_for_a_variant_neither_screened_nor_qualified(B, tmp_path):
+def test_the_screen_waits_for_a_variant_neither_screened_nor_qualified(B, tmp_path, screen_of_three):
     root = _root(tmp_path)
     _boundary(root, only_two_seeds_of_negative=True)
     text = B.ssm_boundary(root)
@@ -145,13 +169,14 @@ def test_the_screen_waits_for_a_variant_neither_screened_nor_qualified(B, tmp_pa
     assert "decided once every variant is screened" in text and "```toml" not in text
 
 
-def test_no_qualifying_variant_means_no_extension(B, tmp_path):
+def test_no_qualifying_variant_means_no_extension(B, tmp_path, monkeypatch):
+    monkeypatch.setattr(B, "BOUNDARY_VARIANTS", ("ssm-positive-closed",))
     root = _root(tmp_path)
     _write(root, "ssm_boundary", [("ssm-positive-closed", s, {"state": [1, 0.5, 0.3, 0.2, 0.1]}) for s in (50, 51, 52)])
     assert "No variant qualifies: there is no extension" in B.ssm_boundary(root)
 
 
-def test_theory_and_the_cell_agree_or_part_per_factor(B, tmp_path):
+def test_theory_and_the_cell_agree_or_part_per_factor(B, tmp_path, screen_of_three):
     root = _root(tmp_path)
     _boundary(root)
     rows = B.ssm_boundary(root).split("The screen")[0]
@@ -203,10 +228,15 @@ def test_never_fitting_leaves_cannot_count_untested_and_a_missing_seed_waits(B, 
     _lr(root, {v: (0.98, 1.0) for v in LRS}, drop="ssm-positive-lr1e-2")
     text = B.ssm_lr(root)
     assert "the verdict waits" in text and "`ssm-positive-lr1e-2`" in text.split("yet;")[1]
+    # the grid runs one lr after another: with three of five collected, none fitting, the other two still may
+    _lr(root, {v: (0.98, 1.0) for v in LRS[:3]})
+    text = B.ssm_lr(root)
+    assert "the verdict waits" in text and "never fits" not in text
+    assert "`ssm-positive-lr5e-3`, `ssm-positive-lr1e-2`" in text.split("yet;")[1]
 
 
 # --- the complex SSM on 15 seeds --------------------------------------------------------------------------------------
-def _complex(root: Path, dat_beyond: float = 0.99, skew: float = 0.0) -> None:
+def _complex(root: Path, dat_beyond: float = 0.99, skew: float = 0.0, drop: tuple[str, int] | None = None) -> None:
     """results/recurrent's seeds 0-4 (curves only, as committed: no windows) and ssm_complex10's 5-14. The joint
     hybrid and stopgrad-rnn spread over 60-78 % in (4x, 8x]; DAT at ``dat_beyond`` in every window beyond range."""
     def accs(v: str, seed: int) -> dict[str, list[float]]:
@@ -218,7 +248,8 @@ def _complex(root: Path, dat_beyond: float = 0.99, skew: float = 0.0) -> None:
 
     old = [(v, s, accs(v, s)) for v in B_COMPLEX for s in range(5)]
     _write(root, "recurrent", old, windows=False)
-    _write(root, "ssm_complex10", [(v, s, accs(v, s)) for v in B_COMPLEX for s in range(5, 15)], skew=skew)
+    _write(root, "ssm_complex10", [(v, s, accs(v, s)) for v in B_COMPLEX for s in range(5, 15) if (v, s) != drop],
+           skew=skew)
 
 
 B_COMPLEX = ["ssm-complex", "hybrid-ssm-complex-joint", "hybrid-ssm-complex-dat", "hybrid-ssm-complex-stopgrad-rnn"]
@@ -236,6 +267,15 @@ def test_the_complex_ssm_pools_15_seeds_and_says_whether_and_where_it_loses_z10(
     dat = _rows(text, "hybrid-ssm-complex-dat")[0]
     assert "yes (15 of 15 seeds hold (2x, 4x])" in dat and dat.count("held to 16x") == 3
     assert "off by at most 0.0 points" in text
+
+
+def test_until_every_planned_run_is_collected_the_complex_blocks_are_provisional(B, tmp_path):
+    root = _root(tmp_path)
+    _complex(root)
+    assert "Provisional" not in B.ssm_complex10(root) + B.ssm_complex10_compare(root)
+    _complex(root, drop=("hybrid-ssm-complex-dat", 14))
+    for block in (B.ssm_complex10, B.ssm_complex10_compare):
+        assert block(root).startswith("**Provisional**: 39 of ssm_complex10's 40 runs collected")
 
 
 def test_schedules_are_compared_in_one_holm_family_of_3(B, tmp_path):
