@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import signal
 import sys
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,7 @@ import pandas as pd
 import torch
 
 from probe.checkpoint import load_checkpoint
+from probe.core.files import write_text_atomically
 from probe.core.progress import progress_iter
 from probe.errors import ProbeError
 from probe.gradients.analysis import analyze_checkpoint, builtin_controls
@@ -64,9 +67,7 @@ def cached(cache: Path, compute: Callable[[], dict]) -> dict:
     if not cache.is_file():
         obj = compute()
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(obj, default=str))
-        tmp.replace(cache)  # a killed run leaves no half-written cache
+        write_text_atomically(cache, json.dumps(obj, default=str))  # a killed run leaves no half-written cache
     return json.loads(cache.read_text())  # the same object a rerun reads
 
 
@@ -102,9 +103,15 @@ def collect(objs: list[dict], out: Path) -> None:
     key = ["variant", "seed", "step"]
     for df in (la, verdicts, checks):
         df[["seed", "step"]] = df[["seed", "step"]].astype("Int64")  # the run-wide checks have none
-    round4(la).sort_values(key + ["step_scale", "loss", "positions", "part"]).to_csv(out / "lookahead.csv", index=False)
-    round4(verdicts).sort_values(key).to_csv(out / "verdicts.csv", index=False)
-    round4(checks).sort_values(key + ["control"], na_position="first").to_csv(out / "checks.csv", index=False)
+    write_csv(round4(la).sort_values(key + ["step_scale", "loss", "positions", "part"]), out / "lookahead.csv")
+    write_csv(round4(verdicts).sort_values(key), out / "verdicts.csv")
+    write_csv(round4(checks).sort_values(key + ["control"], na_position="first"), out / "checks.csv")
+
+
+def write_csv(df: pd.DataFrame, path: Path) -> None:
+    """``df.to_csv(path, index=False)``, whole or not at all: the scripts rewrite their CSVs after every snapshot, and
+    a kill mid-write must leave the previous ones."""
+    write_text_atomically(path, df.to_csv(index=False))
 
 
 def snapshot_jobs(roots: list[Path], steps: list[int], snapshot: Callable[[Path, int], Path],
@@ -113,14 +120,14 @@ def snapshot_jobs(roots: list[Path], steps: list[int], snapshot: Callable[[Path,
     roots: a run cut short still covers every root over the whole window, at half the resolution. A missing snapshot
     is a ProbeError before any work, ending with ``hint`` (how to write it)."""
     steps = sorted(set(steps))
-    jobs = []
+    jobs: dict[Path, Path] = {}  # by cache: a root named twice is measured once
     for step in steps[::2] + steps[1::2]:
         for root in roots:
             snap = snapshot(root, step)
             if not snap.is_file():
                 raise ProbeError(f"{snap}: no snapshot at step {step}; {hint}")
-            jobs.append((snap, cache(root, step)))
-    return jobs
+            jobs.setdefault(cache(root, step), snap)
+    return [(snap, c) for c, snap in jobs.items()]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,8 +149,15 @@ def main(argv: list[str] | None = None) -> int:
         processes=args.processes)
 
 
-def _one_thread() -> None:
+def _worker() -> None:
+    """A pool worker: one thread, and Ctrl-C left to the main process, which ends the pool (a worker that caught it
+    would go on to its next snapshot)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+
+
+def _measure_job(measure_one: Callable[[Path, Path], dict], job: tuple[Path, Path]) -> dict:
+    return measure_one(*job)
 
 
 def measure_snapshots(jobs: Callable[[], list[tuple[Path, Path]]], measure_one: Callable[[Path, Path], dict],
@@ -162,17 +176,13 @@ def measure_snapshots(jobs: Callable[[], list[tuple[Path, Path]]], measure_one: 
                 objs.append(measure_one(snap, cache))
                 collect_all(objs, out)
         else:
-            # concurrent.futures rather than a hand-made pool: it cancels what has not started on Ctrl-C, and each
-            # finished snapshot is already in its cache (``cached`` writes it whole) for the rerun to skip
-            with ProcessPoolExecutor(processes, initializer=_one_thread) as pool:
-                futures = [pool.submit(measure_one, snap, cache) for snap, cache in pending]
-                try:
-                    for done in progress_iter(as_completed(futures), "snapshots", True, total=len(futures)):
-                        objs.append(done.result())
-                        collect_all(objs, out)
-                except BaseException:
-                    pool.shutdown(cancel_futures=True)
-                    raise
+            # leaving the block terminates the workers (Ctrl-C, or a worker's error re-raised here): what they had
+            # finished is in its cache (``cached`` writes it whole) for the rerun to skip
+            with multiprocessing.get_context().Pool(processes, initializer=_worker) as pool:
+                done = pool.imap_unordered(partial(_measure_job, measure_one), pending)
+                for obj in progress_iter(done, "snapshots", True, total=len(pending)):
+                    objs.append(obj)
+                    collect_all(objs, out)
     except ProbeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

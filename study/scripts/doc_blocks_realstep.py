@@ -5,21 +5,22 @@ each a function of the committed results only.
 The statement these blocks compute was fixed before any run of the grid. The rule, verbatim (RULE below, and in
 study/docs/gradients.md):
 
-A snapshot supports a raise in a window of positions P when every instrument check of that snapshot passed, its
-moments are the optimizer's own (`adamw-state`), and at P: attention's part, stepped at its real share of the
-update, raises the state loss (`z_att` > 2), by more than the matched random step (`vs_matched_z` > 2), and the
-50-step rollout without attention's gradient path ends lower there (`rollout_z` < -2: cut minus kept < 0 with |z| >
-2). Attention's part raises the beyond-range loss in window W of run R when at least 4 consecutive snapshots of R
-(steps 50 apart, none missing or withheld) support a raise in the same P; W is the steps from the first to the last
-snapshot of each such maximal stretch, named with P. A run with no such stretch reads "none found at real steps".
-The family is every run x every window of positions beyond L x every stretch of 4 consecutive measured snapshots (5
-x 4 x 23 = 460 on the full grid). Under the null (no change in expectation; snapshots independent) one condition is
-met by chance with probability q = P(t_3 > 2) = 0.070 (each z is over 4 evaluation batches), so a snapshot supports
-a raise with probability at most q (q^3 = 3.4e-4 were its three conditions independent), a stretch with at most
-q^4 = 2.4e-5, and the expected number of windows named by chance over the family is at most 460 x q^4 = 0.011. The
-snapshots share their evaluation batches, so they are not fully independent: were they one measurement, the bound
-would be 20 x q = 1.4 (one chance per run and window of positions); the parts of the update, each from its own
-step's training batch, differ between snapshots.
+A snapshot supports a raise in a window of positions P when each of its instrument checks was recorded and passed (the
+parts sum to the update, the matched random step is matched, the kept rollout's first step is AdamW's, and the rollout
+reproduces the run where the later snapshot exists), its moments are the optimizer's own (`adamw-state`), and at P:
+attention's part, stepped at its real share of the update, raises the state loss (`z_att` > 2), by more than the matched
+random step (`vs_matched_z` > 2), and the 50-step rollout without attention's gradient path ends lower there
+(`rollout_z` < -2: cut minus kept < 0 with |z| > 2). Attention's part raises the beyond-range loss in window W of run R
+when at least 4 consecutive snapshots of R (steps 50 apart, none missing or withheld) support a raise in the same P; W
+is the steps from the first to the last snapshot of each such maximal stretch, named with P. A run with no such stretch
+reads "none found at real steps". The family is every run x every window of positions beyond L x every stretch of 4
+consecutive measured snapshots (5 x 4 x 23 = 460 on the full grid). Under the null (no change in expectation; snapshots
+independent) one condition is met by chance with probability q = P(t_3 > 2) = 0.070 (each z is over 4 evaluation
+batches), so a snapshot supports a raise with probability at most q (q^3 = 3.4e-4 were its three conditions
+independent), a stretch with at most q^4 = 2.4e-5, and the expected number of windows named by chance over the family is
+at most 460 x q^4 = 0.011. The snapshots share their evaluation batches, so they are not fully independent: were they
+one measurement, the bound would be 20 x q = 1.4 (one chance per run and window of positions); the parts of the update,
+each from its own step's training batch, differ between snapshots.
 """
 
 from __future__ import annotations
@@ -62,22 +63,23 @@ RUN = ["variant", "seed"]
 SNAPSHOT = ["variant", "seed", "step"]
 
 RULE = (
-    "A snapshot supports a raise in a window of positions P when every instrument check of that snapshot passed, its "
-    "moments are the optimizer's own (`adamw-state`), and at P: attention's part, stepped at its real share of the "
-    "update, raises the state loss (`z_att` > 2), by more than the matched random step (`vs_matched_z` > 2), and the "
-    "50-step rollout without attention's gradient path ends lower there (`rollout_z` < -2: cut minus kept < 0 with "
-    "|z| > 2). Attention's part raises the beyond-range loss in window W of run R when at least 4 consecutive "
-    "snapshots of R (steps 50 apart, none missing or withheld) support a raise in the same P; W is the steps from "
-    "the first to the last snapshot of each such maximal stretch, named with P. A run with no such stretch reads "
-    "\"none found at real steps\". The family is every run x every window of positions beyond L x every stretch of 4 "
-    "consecutive measured snapshots (5 x 4 x 23 = 460 on the full grid). Under the null (no change in expectation; "
-    "snapshots independent) one condition is met by chance with probability q = P(t_3 > 2) = 0.070 (each z is over "
-    "4 evaluation batches), so a snapshot supports a raise with probability at most q (q^3 = 3.4e-4 were its three "
-    "conditions independent), a stretch with at most q^4 = 2.4e-5, and the expected number of windows named by "
-    "chance over the family is at most 460 x q^4 = 0.011. The snapshots share their evaluation batches, so they are "
-    "not fully independent: were they one measurement, the bound would be 20 x q = 1.4 (one chance per run and "
-    "window of positions); the parts of the update, each from its own step's training batch, differ between "
-    "snapshots.")
+    "A snapshot supports a raise in a window of positions P when each of its instrument checks was recorded and "
+    "passed (the parts sum to the update, the matched random step is matched, the kept rollout's first step is "
+    "AdamW's, and the rollout reproduces the run where the later snapshot exists), its moments are the optimizer's "
+    "own (`adamw-state`), and at P: attention's part, stepped at its real share of the update, raises the state loss "
+    "(`z_att` > 2), by more than the matched random step (`vs_matched_z` > 2), and the 50-step rollout without "
+    "attention's gradient path ends lower there (`rollout_z` < -2: cut minus kept < 0 with |z| > 2). Attention's part"
+    " raises the beyond-range loss in window W of run R when at least 4 consecutive snapshots of R (steps 50 apart, "
+    "none missing or withheld) support a raise in the same P; W is the steps from the first to the last snapshot of "
+    "each such maximal stretch, named with P. A run with no such stretch reads \"none found at real steps\". The "
+    "family is every run x every window of positions beyond L x every stretch of 4 consecutive measured snapshots (5 "
+    "x 4 x 23 = 460 on the full grid). Under the null (no change in expectation; snapshots independent) one condition"
+    " is met by chance with probability q = P(t_3 > 2) = 0.070 (each z is over 4 evaluation batches), so a snapshot "
+    "supports a raise with probability at most q (q^3 = 3.4e-4 were its three conditions independent), a stretch with"
+    " at most q^4 = 2.4e-5, and the expected number of windows named by chance over the family is at most 460 x q^4 ="
+    " 0.011. The snapshots share their evaluation batches, so they are not fully independent: were they one "
+    "measurement, the bound would be 20 x q = 1.4 (one chance per run and window of positions); the parts of the "
+    "update, each from its own step's training batch, differ between snapshots.")
 
 
 KEYS = {"realstep": ["part", "loss", "positions"], "verdicts": ["positions"], "rollout": ["loss", "positions"],

@@ -47,7 +47,7 @@ from probe.core.meta import checkpoint_meta
 from probe.gradients.realstep import RealStepConfig, real_step_report
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from dense_lookahead import cached, measure_snapshots, round4, snapshot_jobs  # noqa: E402  (beside this file)
+from dense_lookahead import cached, measure_snapshots, round4, snapshot_jobs, write_csv  # noqa: E402  (beside this file)
 
 STUDY = Path(__file__).resolve().parent.parent
 STEPS = list(range(250, 1501, 50))
@@ -86,7 +86,7 @@ def collect(objs: list[dict[str, Any]], out: Path) -> None:
     for key, columns in frames.items():
         rows = pd.DataFrame([r for o in objs for r in o["controls" if key == "checks" else key]])
         df = rows.reindex(columns=columns).sort_values(META, kind="stable")
-        round4(df).to_csv(out / f"{key}.csv", index=False)
+        write_csv(round4(df), out / f"{key}.csv")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.processes < 1:
         p.error(f"--processes must be at least 1, got {args.processes}")
+    if args.rollout < 1:  # the kept rollout's first step is the check that the update is the run's own
+        p.error(f"--rollout must be at least 1 step, got {args.rollout}")
     torch.set_num_threads(1)
     return measure_snapshots(
         lambda: snapshot_jobs(args.runs, args.steps, lambda run, step: run / "trajectory" / f"step_{step:06d}.pt",

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -11,6 +15,8 @@ import pytest
 
 from probe.gradients import lookahead as LA
 from probe.train import ScheduleConfig, TrainConfig, train
+
+ROOT = Path(__file__).resolve().parents[2]
 
 SMALL = LA.LookaheadConfig(n_batches=6, batch_size=16, eval_batches=2, train_eval_batches=2)
 
@@ -82,4 +88,56 @@ def test_snapshots_measured_in_worker_processes_are_all_collected_by_this_one(D,
     assert sorted(o["snapshot"] for o in objs) == sorted(s.name for s, _ in jobs)
     assert os.getpid() not in {o["pid"] for o in objs}  # measured in the pool, not here
     assert written == [1, 2, 3, 4, 5, 6] and all((work / f"{i}.json").is_file() for i in range(6))
+
+
+def _fails_on_step_3(snap: Path, cache: Path) -> dict:
+    if snap.name == "step_000003.pt":
+        raise RuntimeError("a worker's snapshot failed")
+    return _measure_in_worker(snap, cache)
+
+
+def test_a_worker_error_reaches_the_caller_and_ends_the_pool(D, tmp_path):
+    jobs = [(Path(f"step_{i:06d}.pt"), tmp_path / "work" / f"{i}.json") for i in range(6)]
+    with pytest.raises(RuntimeError, match="a worker's snapshot failed"):
+        D.measure_snapshots(lambda: jobs, _fails_on_step_3, lambda objs, out: None, tmp_path / "out", processes=2)
+    assert not (tmp_path / "work" / "3.json").exists()
+
+
+CTRL_C = """
+import sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+import dense_lookahead as D
+
+def slow(snap, cache):
+    time.sleep(30)
+    cache.write_text("{}")
+    return {}
+
+if __name__ == "__main__":
+    work = Path(sys.argv[2])
+    jobs = [(Path(f"step_{i:06d}.pt"), work / f"{i}.json") for i in range(4)]
+    print("started", flush=True)
+    D.measure_snapshots(lambda: jobs, slow, lambda objs, out: None, work, processes=2)
+"""
+
+
+def test_ctrl_c_ends_every_worker_at_once_rather_than_after_their_snapshots(tmp_path):
+    # four snapshots of 30 s on two workers is a minute of work; Ctrl-C (to the whole process group, as a terminal
+    # sends it) must end it at once, not after each worker finishes the snapshot it holds and the one queued next
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C)
+    proc = subprocess.Popen([sys.executable, str(script), str(ROOT / "study" / "scripts"), str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "started"
+    time.sleep(3)  # both workers inside their first snapshot
+    start = time.monotonic()
+    os.killpg(proc.pid, signal.SIGINT)
+    try:
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert time.monotonic() - start < 20 and proc.returncode != 0 and "KeyboardInterrupt" in err
+    assert not list(tmp_path.glob("*.json"))
 
