@@ -40,7 +40,8 @@ def screen_of_three(B, monkeypatch):
     monkeypatch.setattr(B, "BOUNDARY_VARIANTS", SYNTHETIC_SCREEN)
 
 
-def _run(variant: str, seed: int, accs: dict[str, list[float]], windows: bool, skew: float = 0.0):
+def _run(variant: str, seed: int, accs: dict[str, list[float]], windows: bool, skew: float = 0.0,
+         per_position: int = PER_POSITION):
     """One run's curve at 1, 2, 4, 8 and 16 x L_train whose windows are ``accs`` (subtask -> five window
     accuracies), its summary (with the window columns when ``windows``) and its window rows. ``skew`` moves the
     curve's counts beyond L_train so that the curve-based estimate disagrees with the measured windows."""
@@ -48,7 +49,7 @@ def _run(variant: str, seed: int, accs: dict[str, list[float]], windows: bool, s
     for subtask, acc in accs.items():
         right, n = 0, 0
         for (lo, hi, name), a in zip(WINDOWS, acc, strict=True):
-            k = PER_POSITION * LT * (hi - lo)
+            k = per_position * LT * (hi - lo)
             r = round(a * k)
             wins.append({"variant": variant, "run": f"{variant}/seed{seed}", "seed": seed, "window": name,
                          "lo": lo * LT, "hi": hi * LT, "beyond": lo > 0, "subtask": subtask, "n_tokens": k,
@@ -66,10 +67,11 @@ def _run(variant: str, seed: int, accs: dict[str, list[float]], windows: bool, s
 
 
 def _write(root: Path, name: str, runs: list[tuple[str, int, dict[str, list[float]]]], windows: bool = True,
-           loss: dict[tuple[str, int], float] | None = None, skew: float = 0.0) -> None:
+           loss: dict[tuple[str, int], float] | None = None, skew: float = 0.0,
+           per_position: int = PER_POSITION) -> None:
     summaries, curves, wins = [], [], []
     for variant, seed, accs in runs:
-        s, c, w = _run(variant, seed, accs, windows, skew)
+        s, c, w = _run(variant, seed, accs, windows, skew, per_position)
         summaries.append(s)
         curves.append(c)
         wins.append(w)
@@ -312,3 +314,20 @@ def test_the_fade_block_quotes_each_seed_s_best_z10_channel_and_names_the_unmeas
     row = _rows(text, "hybrid-ssm-complex-dat")[0]
     assert "| 5 6 | 105 / 106 | 0.600 / 0.600 | 0.010 / 0.010 |" in row  # block 1's channel: the longer horizon
     assert "No fade_400 measured" in text and "`hybrid-ssm-complex-dat` 0" in text
+
+
+def test_an_estimate_off_by_sampling_noise_alone_is_kept(B, tmp_path):
+    # every window beyond range at 50 %, 100-800 answers each: a 3-point gap is under 1.5 standard errors, so the
+    # estimated seeds stay in (a bar of 2 points would have dropped them for noise)
+    root = _root(tmp_path)
+    half = {"state": _flat(1.0, 0.5), "state_mod2": _flat(1.0, 0.5), "state_mod5": _flat(1.0, 0.5)}
+    _write(root, "recurrent", [(v, s, half) for v in B_COMPLEX for s in range(5)], windows=False)
+    _write(root, "ssm_complex10", [(v, s, half) for v in B_COMPLEX for s in range(5, 15)], skew=0.03)
+    text = B.ssm_complex10(root)
+    assert re.search(r"off by at most 3\.0 points, at most 1\.\d standard errors \(tolerance 4\)", text)
+    assert "left out" not in text and "| 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 (windows" in text
+    # the same 3 points on 100 times the answers is 10 times the standard error: the estimate is off, and dropped
+    _write(root, "ssm_complex10", [(v, s, half) for v in B_COMPLEX for s in range(5, 15)], skew=0.03,
+           per_position=400)
+    assert "estimated seeds are therefore left out" in B.ssm_complex10(root)
+
