@@ -67,11 +67,13 @@ def _run(variant: str, seed: int, accs: dict[str, list[float]], windows: bool, s
 
 
 def _write(root: Path, name: str, runs: list[tuple[str, int, dict[str, list[float]]]], windows: bool = True,
-           loss: dict[tuple[str, int], float] | None = None, skew: float = 0.0,
+           loss: dict[tuple[str, int], float] | None = None, skew: float | dict[tuple[str, int], float] = 0.0,
            per_position: int = PER_POSITION) -> None:
+    """A grid's compact results; ``skew`` moves each run's curve (a dict: per run) away from its windows."""
     summaries, curves, wins = [], [], []
     for variant, seed, accs in runs:
-        s, c, w = _run(variant, seed, accs, windows, skew, per_position)
+        k = skew.get((variant, seed), 0.0) if isinstance(skew, dict) else skew
+        s, c, w = _run(variant, seed, accs, windows, k, per_position)
         summaries.append(s)
         curves.append(c)
         wins.append(w)
@@ -136,6 +138,16 @@ def test_the_screen_extends_exactly_the_variants_with_a_seed_at_90_in_4x_8x(B, t
     screen = tomllib.loads((ROOT / "study" / "sweeps" / "ssm_boundary.toml").read_text())
     extension = tomllib.loads(toml)
     assert all(extension[k] == screen[k] for k in ("set", "eval_lengths", "eval_factors", "order"))
+
+
+def test_the_screen_is_provisional_until_its_runs_and_its_extension_s_are_collected(B, tmp_path, screen_of_three):
+    root = _root(tmp_path)
+    _boundary(root)  # the screen complete: complex-closed qualifies, so its seeds 53-59 are planned now
+    assert B.ssm_boundary(root).startswith("**Provisional**: 9 of the 16 runs planned so far collected")
+    ext = [("ssm-complex-closed", s, {"state": [1, 0.99, 0.93, 0.5, 0.4]}) for s in range(53, 60)]
+    _write(root, "ssm_boundary10", ext)
+    text = B.ssm_boundary(root)
+    assert "Provisional" not in text and "| `ssm-complex-closed` | state (mod 10) | 10 |" in text
 
 
 def test_a_planned_variant_with_no_run_collected_is_pending_not_passed_over(B, tmp_path):
@@ -268,7 +280,7 @@ def test_the_complex_ssm_pools_15_seeds_and_says_whether_and_where_it_loses_z10(
     assert "| (2x, 4x] | held to 16x | (2x, 4x] |" in joint  # state, parity, mod 5
     dat = _rows(text, "hybrid-ssm-complex-dat")[0]
     assert "yes (15 of 15 seeds hold (2x, 4x])" in dat and dat.count("held to 16x") == 3
-    assert "off by at most 0.0 points" in text
+    assert "the mean of measured - estimated is at most 0.0 points" in text and "no bias detected" in text
 
 
 def test_until_every_planned_run_is_collected_the_complex_blocks_are_provisional(B, tmp_path):
@@ -295,7 +307,7 @@ def test_estimated_windows_that_disagree_with_measured_ones_are_left_out(B, tmp_
     root = _root(tmp_path)
     _complex(root, skew=0.05)
     text = B.ssm_complex10(root)
-    off = float(re.search(r"off by at most ([\d.]+) points", text).group(1))
+    off = float(re.search(r"at most ([\d.]+) points in any window", text).group(1))
     assert 4 <= off <= 7 and "estimated seeds are therefore left out" in text  # the 5-point skew, rounded counts
     assert "| 5 6 7 8 9 10 11 12 13 14 |" in _rows(text, "hybrid-ssm-complex-joint")[0]
     assert "| 10 vs 10 |" in _rows(B.ssm_complex10_compare(root), "hybrid-ssm-complex-dat")[0]
@@ -316,18 +328,21 @@ def test_the_fade_block_quotes_each_seed_s_best_z10_channel_and_names_the_unmeas
     assert "No fade_400 measured" in text and "`hybrid-ssm-complex-dat` 0" in text
 
 
-def test_an_estimate_off_by_sampling_noise_alone_is_kept(B, tmp_path):
-    # every window beyond range at 50 %, 100-800 answers each: a 3-point gap is under 1.5 standard errors, so the
-    # estimated seeds stay in (a bar of 2 points would have dropped them for noise)
+def test_run_gaps_that_cancel_over_runs_keep_the_estimate_and_a_shift_shared_by_all_drops_it(B, tmp_path):
+    # each run's estimate 3 points off, up in half of the runs and down in the other half: sequence-level luck, not
+    # bias (a bar on one run's gap would drop the estimated seeds); the same 3 points in every run is a bias
     root = _root(tmp_path)
     half = {"state": _flat(1.0, 0.5), "state_mod2": _flat(1.0, 0.5), "state_mod5": _flat(1.0, 0.5)}
+    runs = [(v, s, half) for v in B_COMPLEX for s in range(5, 15)]
     _write(root, "recurrent", [(v, s, half) for v in B_COMPLEX for s in range(5)], windows=False)
-    _write(root, "ssm_complex10", [(v, s, half) for v in B_COMPLEX for s in range(5, 15)], skew=0.03)
+    _write(root, "ssm_complex10", runs, skew={(v, s): 0.03 if s % 2 else -0.03 for v, s, _ in runs})
     text = B.ssm_complex10(root)
-    assert re.search(r"off by at most 3\.0 points, at most 1\.\d standard errors \(tolerance 4\)", text)
-    assert "left out" not in text and "| 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 (windows" in text
-    # the same 3 points on 100 times the answers is 10 times the standard error: the estimate is off, and dropped
-    _write(root, "ssm_complex10", [(v, s, half) for v in B_COMPLEX for s in range(5, 15)], skew=0.03,
-           per_position=400)
-    assert "estimated seeds are therefore left out" in B.ssm_complex10(root)
-
+    assert "no bias detected" in text and "left out" not in text
+    assert "| 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 (windows" in text
+    _write(root, "ssm_complex10", runs, skew=0.03)
+    text = B.ssm_complex10(root)
+    assert "at most 3.0 points in any window" in text and "estimated seeds are therefore left out" in text
+    # too few runs to test for bias: no check, and the estimated seeds stay out
+    _write(root, "ssm_complex10", runs[:2])
+    text = B.ssm_complex10(root)
+    assert "fewer than the 3 the bias test needs" in text and "estimated seeds are therefore left out" in text
