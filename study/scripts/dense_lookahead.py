@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import signal
 import sys
 from collections.abc import Callable
-from functools import partial
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +81,7 @@ def measure(snapshot: Path, cache: Path, **kwargs: Any) -> dict:
 
 def measure_builtin(cache: Path) -> dict:
     """The checks on hand-built models whose answer is known (``known_split``), once for the whole run."""
-    if not cache.is_file():
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        cache.write_text(json.dumps({"results": [], "controls": builtin_controls()}, default=str))
-    return json.loads(cache.read_text())
+    return cached(cache, lambda: {"results": [], "controls": builtin_controls()})
 
 
 def collect(objs: list[dict], out: Path) -> None:
@@ -120,13 +116,17 @@ def snapshot_jobs(roots: list[Path], steps: list[int], snapshot: Callable[[Path,
     roots: a run cut short still covers every root over the whole window, at half the resolution. A missing snapshot
     is a ProbeError before any work, ending with ``hint`` (how to write it)."""
     steps = sorted(set(steps))
-    jobs: dict[Path, Path] = {}  # by cache: a root named twice is measured once
+    jobs: dict[Path, Path] = {}  # cache -> snapshot: a root named twice is measured once
     for step in steps[::2] + steps[1::2]:
         for root in roots:
             snap = snapshot(root, step)
             if not snap.is_file():
                 raise ProbeError(f"{snap}: no snapshot at step {step}; {hint}")
-            jobs.setdefault(cache(root, step), snap)
+            c = cache(root, step)
+            if c in jobs and jobs[c].resolve() != snap.resolve():
+                raise ProbeError(f"{jobs[c]} and {snap} would share the cache {c}: give runs with distinct folder "
+                                 "names, or measure them with separate --work folders")
+            jobs.setdefault(c, snap)
     return [(snap, c) for c, snap in jobs.items()]
 
 
@@ -156,10 +156,6 @@ def _worker() -> None:
     torch.set_num_threads(1)
 
 
-def _measure_job(measure_one: Callable[[Path, Path], dict], job: tuple[Path, Path]) -> dict:
-    return measure_one(*job)
-
-
 def measure_snapshots(jobs: Callable[[], list[tuple[Path, Path]]], measure_one: Callable[[Path, Path], dict],
                       collect_all: Callable[[list[dict], Path], None], out: Path,
                       first: Callable[[], list[dict]] = list, processes: int = 1) -> int:
@@ -176,13 +172,23 @@ def measure_snapshots(jobs: Callable[[], list[tuple[Path, Path]]], measure_one: 
                 objs.append(measure_one(snap, cache))
                 collect_all(objs, out)
         else:
-            # leaving the block terminates the workers (Ctrl-C, or a worker's error re-raised here): what they had
-            # finished is in its cache (``cached`` writes it whole) for the rerun to skip
-            with multiprocessing.get_context().Pool(processes, initializer=_worker) as pool:
-                done = pool.imap_unordered(partial(_measure_job, measure_one), pending)
-                for obj in progress_iter(done, "snapshots", True, total=len(pending)):
-                    objs.append(obj)
+            # concurrent.futures, not multiprocessing.Pool: a worker that dies (killed for memory) breaks the pool
+            # with an error here, where Pool's imap waits for it forever
+            pool = ProcessPoolExecutor(processes, initializer=_worker)
+            try:
+                futures = [pool.submit(measure_one, snap, cache) for snap, cache in pending]
+                for done in progress_iter(as_completed(futures), "snapshots", True, total=len(futures)):
+                    objs.append(done.result())
                     collect_all(objs, out)
+            except BaseException:
+                # Ctrl-C or a worker's error: end the workers now rather than after the snapshots they hold (and the
+                # one queued next); what they finished is in its cache (``cached`` writes it whole). The executor has
+                # no public way to stop a running worker, hence its private process table.
+                for proc in list(getattr(pool, "_processes", {}).values()):
+                    proc.terminate()
+                raise
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
     except ProbeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

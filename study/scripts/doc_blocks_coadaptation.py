@@ -492,9 +492,11 @@ def coadaptation_placebo(root: Path) -> str:
     v = values(root)
     if v is None:
         return NOT_RUN
-    cap = cap_table(root)
+    cap, seeds = cap_table(root), _placebo_seeds(v)
+    if not seeds:
+        return "No `placebo` run is committed yet."
     if cap is not None:
-        cap = cap[cap.seed.isin(_placebo_seeds(v))]
+        cap = cap[cap.seed.isin(seeds)]
     if cap is None or cap.empty:
         return ("No placebo cap log is summarised yet (`python study/scripts/placebo_cap.py runs/coadaptation2 "
                 "study/results/coadaptation2`).")

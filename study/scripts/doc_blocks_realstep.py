@@ -111,17 +111,24 @@ def _run_name(variant: str, seed: int) -> str:
 
 def withheld(data: dict[str, pd.DataFrame]) -> pd.Series:
     """Per snapshot (variant, seed, step): why its verdicts are withheld ('' when they are not): a failed or missing
-    instrument check (one of REQUIRED not recorded for it), or moments that are not the optimizer's own."""
-    checks = data["checks"]
+    instrument check (one of REQUIRED not recorded for it, or ``rollout_reproduces_run`` where its verdicts say the
+    reproduction was measured: ``rollout_reproduced`` not empty), a rollout of other than ROLLOUT steps, or moments
+    that are not the optimizer's own."""
+    checks, verdicts = data["checks"], data["verdicts"]
     instrument = checks[checks.kind == "instrument"]
     failed = instrument[~instrument.passed.astype(bool)]
     why = failed.groupby(SNAPSHOT).control.agg(lambda c: ", ".join(f"`{x}` failed" for x in sorted(set(c))))
     have = instrument.groupby(SNAPSHOT).control.agg(set)
-    snaps = data["verdicts"].groupby(SNAPSHOT).moments.agg(lambda m: sorted(set(m.dropna())))
+    snaps = verdicts.groupby(SNAPSHOT).moments.agg(lambda m: sorted(set(m.dropna())))
+    reproduced = verdicts.groupby(SNAPSHOT).rollout_reproduced.agg(lambda r: r.notna().any())
+    steps = data["rollout"].groupby(SNAPSHOT).rollout_steps.agg(lambda r: sorted({int(x) for x in r.dropna()}))
     out = pd.Series("", index=snaps.index, dtype=object)
     for key, moments in snaps.items():
         reasons = [why[key]] if key in why.index else []
-        missing = [c for c in REQUIRED if c not in have.get(key, set())]
+        required = REQUIRED + (("rollout_reproduces_run",) if reproduced.get(key, False) else ())
+        missing = [c for c in required if c not in have.get(key, set())]
+        if steps.get(key, []) != [ROLLOUT]:
+            reasons.append(f"rollout of {', '.join(map(str, steps.get(key, []))) or 'no'} steps, not {ROLLOUT}")
         if missing:
             reasons.append(", ".join(f"`{c}` not recorded" for c in missing))
         if moments != [MOMENTS]:
@@ -207,8 +214,9 @@ def realstep_checks(root: Path) -> str:
     if (why == "").all():
         text += "Every snapshot passed every instrument check, so no verdict is withheld."
     else:
-        text += (f"{int((why != '').sum())} of {len(why)} snapshots are withheld (a failed instrument check or "
-                 f"moments not the optimizer's own): {_fails_text(why)}. Their verdicts are not read below, and a "
+        text += (f"{int((why != '').sum())} of {len(why)} snapshots are withheld (a failed or missing instrument "
+                 "check, another rollout length, or moments not the optimizer's own): "
+                 f"{_fails_text(why)}. Their verdicts are not read below, and a "
                  "withheld snapshot breaks a stretch of the rule.")
     bad = checks[(checks.kind == "control") & ~checks.passed.astype(bool)]
     if len(bad):

@@ -96,11 +96,31 @@ def _fails_on_step_3(snap: Path, cache: Path) -> dict:
     return _measure_in_worker(snap, cache)
 
 
-def test_a_worker_error_reaches_the_caller_and_ends_the_pool(D, tmp_path):
+def _dies_on_step_3(snap: Path, cache: Path) -> dict:
+    if snap.name == "step_000003.pt":
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's out-of-memory killer would
+    return _measure_in_worker(snap, cache)
+
+
+@pytest.mark.parametrize("measure_one, error", [(_fails_on_step_3, "a worker's snapshot failed"),
+                                                (_dies_on_step_3, "terminated abruptly")])
+def test_a_worker_that_fails_or_dies_ends_the_script_with_its_error_and_no_hang(D, tmp_path, measure_one, error):
     jobs = [(Path(f"step_{i:06d}.pt"), tmp_path / "work" / f"{i}.json") for i in range(6)]
-    with pytest.raises(RuntimeError, match="a worker's snapshot failed"):
-        D.measure_snapshots(lambda: jobs, _fails_on_step_3, lambda objs, out: None, tmp_path / "out", processes=2)
-    assert not (tmp_path / "work" / "3.json").exists()
+    start = time.monotonic()
+    with pytest.raises(Exception, match=error):
+        D.measure_snapshots(lambda: jobs, measure_one, lambda objs, out: None, tmp_path / "out", processes=2)
+    assert time.monotonic() - start < 60  # Pool.imap waited forever for a dead worker
+
+
+def test_two_runs_that_would_share_a_cache_are_refused_and_one_named_twice_is_measured_once(D, tmp_path):
+    for name in ("a", "b"):
+        (tmp_path / name / "joint").mkdir(parents=True)
+        (tmp_path / name / "joint" / "step_000000.pt").write_bytes(b"")
+    snapshot, cache = (lambda f, step: f / f"step_{step:06d}.pt"), (lambda f, step: tmp_path / "w" / f.name / "0.json")
+    once = D.snapshot_jobs([tmp_path / "a" / "joint"] * 2, [0], snapshot, cache, "")
+    assert len(once) == 1
+    with pytest.raises(D.ProbeError, match="would share the cache"):
+        D.snapshot_jobs([tmp_path / "a" / "joint", tmp_path / "b" / "joint"], [0], snapshot, cache, "")
 
 
 CTRL_C = """

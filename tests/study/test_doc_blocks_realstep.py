@@ -51,6 +51,7 @@ def snapshot(seed: int, step: int, effects: dict[str, tuple[float, float, float]
     verdict = RS.verdicts(rows)
     checks = RS.controls(name, {"sum_error": 0.0, "match_error": 0.0}, verdict)
     checks.append(threshold_row(name, "realstep_matches_adamw", adamw_error, RS.ADAMW_TOL, "the kept first step"))
+    checks.append(threshold_row(name, "rollout_reproduces_run", 0.0, 0.0, "the kept branch's last weights"))
     roll = [effects.get(w, NULL)[2] for w in verdict.positions]
     verdict = verdict.assign(moments="adamw-state", fraction_rec=0.3, fraction_momentum=0.9, fraction_decay=0.002,
                              rollout_steps=50, rollout_cut_minus_kept=[z * SE for z in roll], rollout_z=roll,
@@ -177,7 +178,8 @@ def test_a_failed_instrument_check_withholds_its_snapshot(S, tmp_path, failed_st
     root = write(S, tmp_path, raise_over(40, "(2x, 4x]", range(600, 801, 50)), failed=frozenset({(40, failed_step)}))
     b = blocks(S, root)
     assert "| `realstep_matches_adamw` | instrument | 51 of 52 snapshots | 52 |" in b["realstep-checks"]
-    assert (f"1 of 52 snapshots are withheld (a failed instrument check or moments not the optimizer's own): `joint` "
+    assert ("1 of 52 snapshots are withheld (a failed or missing instrument check, another rollout length, or "
+            f"moments not the optimizer's own): `joint` "
             f"seed 40 step {failed_step} (`realstep_matches_adamw` failed)") in b["realstep-checks"]
     assert "Left out of this table: 1 withheld snapshot" in b["realstep-windows"]
     cell = next(line for line in b["realstep-steps"].splitlines() if line.startswith(f"| {failed_step} |"))
@@ -196,6 +198,21 @@ def test_a_snapshot_missing_an_instrument_check_is_withheld_as_if_it_failed(S, t
     _edit(root, "checks", lambda c: c[~((c.seed == 40) & (c.step == 700) & (c.control == "realstep_matches_adamw"))])
     b = blocks(S, root)
     assert "seed 40 step 700 (`realstep_matches_adamw` not recorded)" in b["realstep-checks"]
+    assert "**None found at real steps**" in b["realstep-statement"]
+
+
+@pytest.mark.parametrize("lose, reason", [
+    ("reproduction", "`rollout_reproduces_run` not recorded"),  # its verdicts say it was measured
+    ("rollout length", "rollout of 10 steps, not 50")])
+def test_a_snapshot_without_its_reproduction_check_or_with_another_rollout_is_withheld(S, tmp_path, lose, reason):
+    root = write(S, tmp_path, raise_over(40, "(2x, 4x]", range(600, 801, 50)))
+    at = lambda d: (d.seed == 40) & (d.step == 700)  # noqa: E731
+    if lose == "reproduction":
+        _edit(root, "checks", lambda c: c[~(at(c) & (c.control == "rollout_reproduces_run"))])
+    else:
+        _edit(root, "rollout", lambda r: r.assign(rollout_steps=r.rollout_steps.where(~at(r), 10)))
+    b = blocks(S, root)
+    assert f"seed 40 step 700 ({reason})" in b["realstep-checks"]
     assert "**None found at real steps**" in b["realstep-statement"]
 
 

@@ -81,3 +81,11 @@ def test_the_script_measures_each_snapshot_once_with_its_checks(R, tmp_path, mon
     monkeypatch.setattr(R, "real_step_report", fail)
     R.measure(run / "trajectory" / "step_000005.pt", tmp_path / "work" / "5.json", 5, SMALL)
     assert R.main([str(run), "--steps", "7", "--work", str(tmp_path / "w2"), "--out", str(tmp_path / "o2")]) == 2
+
+
+@pytest.mark.parametrize("flag", [["--rollout", "0"], ["--processes", "0"]])
+def test_a_rollout_or_pool_of_nothing_is_refused_before_any_work(R, tmp_path, flag, capsys):
+    # no rollout means no check that the update is the run's own: every snapshot would be withheld
+    with pytest.raises(SystemExit) as exit_:
+        R.main([str(tmp_path), *flag])
+    assert exit_.value.code == 2 and "must be at least 1" in capsys.readouterr().err
