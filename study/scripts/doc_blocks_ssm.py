@@ -518,22 +518,15 @@ def ssm_complex10_compare(root: Path) -> str:
                      "verdict"], rows))
 
 
-def ssm_complex10_fade(root: Path) -> str:
-    """Per schedule and seed, from ``probe.transitions`` (study/scripts/recurrent_transitions.py): the Z_10 channel
-    with the longest drift horizon, its horizon and its fade_400 (the share of its state that survives 400 steps),
-    and the median fade_400 over every channel."""
-    path = results_dir(root) / "ssm_complex10" / "transitions.csv"
-    if not path.is_file():
-        return ("not run yet: `python study/scripts/recurrent_transitions.py runs/ssm_complex10 --out "
-                "study/results/ssm_complex10/transitions.csv` (collect_grid.sh runs it for the ssm_ grids)")
-    tr = pd.concat([pd.read_csv(p) for p in (path, results_dir(root) / "recurrent" / "transitions.csv")
-                    if p.is_file()], ignore_index=True)
+def _fade_rows(tr: pd.DataFrame, variants: list[tuple[str, int]]) -> tuple[list[list[str]], list[str]]:
+    """Per (variant, order): each seed's channel of that order with the longest drift horizon (any block), its
+    horizon and fade_400, and the median fade_400 over the run's channels; and the runs read before fade_400."""
     tr = tr.drop_duplicates(["variant", "seed", "block", "order"])
     if "fade_400" not in tr:
-        tr["fade_400"] = math.nan
+        tr = tr.assign(fade_400=math.nan)
     rows, unmeasured = [], []
-    for v in COMPLEX:
-        t = tr[(tr.variant == v) & (tr.order == 10)]
+    for v, order in variants:
+        t = tr[(tr.variant == v) & (tr.order == order)]
         if t.empty:
             continue
         best = t.sort_values("best_horizon").groupby("seed").tail(1).sort_values("seed")
@@ -542,23 +535,59 @@ def ssm_complex10_fade(root: Path) -> str:
         if measured.empty:
             continue
         med = tr[(tr.variant == v) & tr.median_fade_400.notna()].groupby("seed").median_fade_400.first()
-        rows.append([f"`{v}`", " ".join(map(str, measured.seed)),
+        rows.append([f"`{v}`", f"Z_{order}", " ".join(map(str, measured.seed)),
                      " / ".join(f"{h:.0f}" for h in measured.best_horizon),
                      " / ".join(f"{f:.3f}" for f in measured.fade_400),
                      " / ".join(f"{med.get(s, math.nan):.3f}" for s in measured.seed)])
-    text = ("The fade of each channel's modulus over 400 steps (16x): fade_400 is the product of |a_t| over a "
-            "400-token stream, median over sequences (1.0 exactly at |a| = 1; a modulus of 0.999 throughout leaves "
-            "0.67). Per seed, the Z_10 channel with the longest drift horizon (any block):\n\n"
-            + table(["variant", "seeds", "its drift horizon (steps)", "its fade_400",
-                     "median fade_400 over the run's channels"], rows))
+    return rows, unmeasured
+
+
+FADE_TEXT = ("The fade of each channel's modulus over 400 steps (16x): fade_400 is the product of |a_t| over a "
+             "400-token stream, median over sequences (1.0 exactly at |a| = 1; a modulus of 0.999 throughout leaves "
+             "0.67). Per seed, the channel of the order shown with the longest drift horizon (any block):\n\n")
+FADE_HEAD = ["variant", "channel", "seeds", "its drift horizon (steps)", "its fade_400",
+             "median fade_400 over the run's channels"]
+
+
+def _transitions(root: Path, grids: tuple[str, ...]) -> pd.DataFrame | None:
+    paths = [results_dir(root) / g / "transitions.csv" for g in grids]
+    if not paths[0].is_file():
+        return None
+    return pd.concat([pd.read_csv(p) for p in paths if p.is_file()], ignore_index=True)
+
+
+def ssm_complex10_fade(root: Path) -> str:
+    """Per schedule and seed, from ``probe.transitions`` (study/scripts/recurrent_transitions.py): the Z_10 channel
+    with the longest drift horizon, its horizon and its fade_400 (the share of its state that survives 400 steps),
+    and the median fade_400 over every channel."""
+    tr = _transitions(root, ("ssm_complex10", "recurrent"))
+    if tr is None:
+        return ("not run yet: `python study/scripts/recurrent_transitions.py runs/ssm_complex10 --out "
+                "study/results/ssm_complex10/transitions.csv` (collect_grid.sh runs it for the ssm_ grids)")
+    rows, unmeasured = _fade_rows(tr, [(v, 10) for v in COMPLEX])
+    text = FADE_TEXT + table(FADE_HEAD, rows)
     if unmeasured:
         text += ("\n\nNo fade_400 measured (read before the column existed; their checkpoints are not in this "
                  "checkout): " + ", ".join(unmeasured) + ".")
     return text
 
 
+def ssm_boundary_fade(root: Path) -> str:
+    """The closed ranges' counting channels: per variant the order its range represents exactly (Z_2 through a = -1
+    in the negative range, Z_10 through rotations of modulus 1 in the complex one), each seed's channel of that order
+    with the longest drift horizon and its fade_400, screen and extension pooled."""
+    tr = _transitions(root, ("ssm_boundary", "ssm_boundary10"))
+    if tr is None:
+        return _run_first("ssm_boundary")
+    variants = [(v, {"negative": 2, "complex": 10}[_range_of(v)[0]]) for v in BOUNDARY_VARIANTS
+                if _range_of(v)[0] in ("negative", "complex")]
+    rows, _ = _fade_rows(tr, variants)
+    return FADE_TEXT + table(FADE_HEAD, rows)
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "ssm-boundary": ssm_boundary,
+    "ssm-boundary-fade": ssm_boundary_fade,
     "ssm-lr": ssm_lr,
     "ssm-complex10": ssm_complex10,
     "ssm-complex10-compare": ssm_complex10_compare,

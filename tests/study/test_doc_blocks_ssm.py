@@ -328,6 +328,30 @@ def test_the_fade_block_quotes_each_seed_s_best_z10_channel_and_names_the_unmeas
     assert "No fade_400 measured" in text and "`hybrid-ssm-complex-dat` 0" in text
 
 
+def test_the_boundary_fade_block_reads_the_order_each_closed_range_represents_screen_and_extension(B, tmp_path):
+    root = _root(tmp_path)
+
+    def rows(variant: str, seeds) -> list[dict]:
+        # order 10 has the longest horizon everywhere: the negative range must still be read at order 2
+        return [{"variant": variant, "seed": s, "block": 0, "order": order, "channels": 1, "of": 64,
+                 "best_horizon": {2: 500.0, 5: 600.0, 10: 900.0}[order], "beyond": 100,
+                 "fade_400": {2: 0.25, 5: 0.5, 10: 1.0}[order], "median_fade_400": 0.0, "known_rotation": True,
+                 "reinit": True, "shuffled_digits": True} for s in seeds for order in (2, 5, 10)]
+
+    screen = root / "study" / "results" / "ssm_boundary"
+    screen.mkdir(parents=True)
+    pd.DataFrame([r for v in ("ssm-positive-closed", "ssm-negative-closed", "ssm-complex-closed")
+                  for r in rows(v, (50, 51, 52))]).to_csv(screen / "transitions.csv", index=False)
+    (root / "study" / "results" / "ssm_boundary10").mkdir()
+    pd.DataFrame(rows("ssm-complex-closed", (53,))).to_csv(
+        root / "study" / "results" / "ssm_boundary10" / "transitions.csv", index=False)
+    text = B.ssm_boundary_fade(root)
+    assert "| `ssm-negative-closed` | Z_2 | 50 51 52 | 500 / 500 / 500 | 0.250 / 0.250 / 0.250 |" in text
+    assert "| `ssm-complex-closed` | Z_10 | 50 51 52 53 | 900 / 900 / 900 / 900 | 1.000 / 1.000 / 1.000 / 1.000 |" \
+        in text
+    assert "ssm-positive-closed" not in text  # no counting channel in the positive range
+
+
 def test_run_gaps_that_cancel_over_runs_keep_the_estimate_and_a_shift_shared_by_all_drops_it(B, tmp_path):
     # each run's estimate 3 points off, up in half of the runs and down in the other half: sequence-level luck, not
     # bias (a bar on one run's gap would drop the estimated seeds); the same 3 points in every run is a bias
