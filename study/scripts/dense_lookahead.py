@@ -37,6 +37,7 @@ import pandas as pd
 import torch
 
 from probe.checkpoint import load_checkpoint
+from probe.core import interrupts
 from probe.core.files import write_text_atomically
 from probe.core.progress import progress_iter
 from probe.errors import ProbeError
@@ -150,9 +151,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _worker() -> None:
-    """A pool worker: one thread, and Ctrl-C left to the main process, which ends the pool (a worker that caught it
-    would go on to its next snapshot)."""
+    """A pool worker: one thread; Ctrl-C left to the main process, which ends the pool (a worker that caught it would
+    go on to its next snapshot), and SIGTERM, the main process's way to end it, at its default (a fork inherits the
+    main process's handler)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     torch.set_num_threads(1)
 
 
@@ -163,38 +166,53 @@ def measure_snapshots(jobs: Callable[[], list[tuple[Path, Path]]], measure_one: 
     after each, so a run cut short leaves every finished snapshot collected. With ``processes`` > 1 the snapshots are
     measured that many at a time, one thread each (``measure_one`` must then pickle: a module-level function or a
     ``functools.partial`` of one), and this process alone writes ``out``, as each finishes: two scripts started on
-    one ``out`` would overwrite each other's CSVs. Bad input: one line, 2."""
+    one ``out`` would overwrite each other's CSVs. Bad input: one line, 2. SIGINT or SIGTERM (even where the shell
+    started the script with SIGINT ignored, as it does a background job) stops it at once: one line, 130."""
+    objs: list[dict] = []
     try:
-        pending = jobs()
-        objs = first()
-        if processes <= 1:
-            for snap, cache in progress_iter(pending, "snapshots", True):
-                objs.append(measure_one(snap, cache))
-                collect_all(objs, out)
-        else:
-            # concurrent.futures, not multiprocessing.Pool: a worker that dies (killed for memory) breaks the pool
-            # with an error here, where Pool's imap waits for it forever
-            pool = ProcessPoolExecutor(processes, initializer=_worker)
-            try:
-                futures = [pool.submit(measure_one, snap, cache) for snap, cache in pending]
-                for done in progress_iter(as_completed(futures), "snapshots", True, total=len(futures)):
-                    objs.append(done.result())
-                    collect_all(objs, out)
-            except BaseException:
-                # Ctrl-C or a worker's error: end the workers now rather than after the snapshots they hold (and the
-                # one queued next); what they finished is in its cache (``cached`` writes it whole). The executor has
-                # no public way to stop a running worker, hence its private process table.
-                for proc in list(getattr(pool, "_processes", {}).values()):
-                    proc.terminate()
-                raise
-            finally:
-                pool.shutdown(wait=True, cancel_futures=True)
+        with interrupts.handling():
+            _measure_all(jobs, measure_one, collect_all, out, first, processes, objs)
     except ProbeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except interrupts.Interrupted:
+        print(f"interrupted: {len(objs)} snapshots collected into {out}; each one finished is in its cache, and a "
+              "rerun goes on from there", file=sys.stderr)
+        return 130
     failed = pd.read_csv(out / "checks.csv").query("passed == False")
     print(f"{len(objs)} snapshots into {out}; checks failed: {len(failed)}", file=sys.stderr)
     return 0
+
+
+def _measure_all(jobs: Callable[[], list[tuple[Path, Path]]], measure_one: Callable[[Path, Path], dict],
+                 collect_all: Callable[[list[dict], Path], None], out: Path, first: Callable[[], list[dict]],
+                 processes: int, objs: list[dict]) -> None:
+    """measure_snapshots' loop, appending to ``objs`` as each snapshot is collected."""
+    pending = jobs()
+    objs.extend(first())
+    if processes <= 1:
+        for snap, cache in progress_iter(pending, "snapshots", True):
+            objs.append(measure_one(snap, cache))
+            collect_all(objs, out)
+    else:
+        # concurrent.futures, not multiprocessing.Pool: a worker that dies (killed for memory) breaks the pool
+        # with an error here, where Pool's imap waits for it forever
+        pool = ProcessPoolExecutor(processes, initializer=_worker)
+        try:
+            futures = [pool.submit(measure_one, snap, cache) for snap, cache in pending]
+            for done in progress_iter(as_completed(futures), "snapshots", True, total=len(futures)):
+                objs.append(done.result())
+                collect_all(objs, out)
+        except BaseException:
+            # Ctrl-C or a worker's error: end the workers now rather than after the snapshots they hold (and the
+            # one queued next); what they finished is in its cache (``cached`` writes it whole). The executor has
+            # no public way to stop a running worker, hence its private process table.
+            for proc in list(getattr(pool, "_processes", {}).values()):
+                proc.terminate()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+
 
 if __name__ == "__main__":
     sys.exit(main())
