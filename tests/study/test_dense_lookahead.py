@@ -145,8 +145,8 @@ if __name__ == "__main__":
 def test_ctrl_c_ends_every_worker_at_once_rather_than_after_their_snapshots(tmp_path):
     # four snapshots of 30 s on two workers is a minute of work; Ctrl-C (to the whole process group, as a terminal
     # sends it) must end it at once, not after each worker finishes the snapshot it holds and the one queued next.
-    # Started with SIGINT ignored, as a shell starts a background job (and as this test process may be after the
-    # suite's own signal tests): the script must still stop on it
+    # Started with SIGINT ignored, as a shell starts a background job (the test process itself may have been started
+    # so, and a child inherits it): the script must still stop on it
     script = tmp_path / "ctrl_c.py"
     script.write_text(CTRL_C)
     proc = subprocess.Popen([sys.executable, str(script), str(ROOT / "study" / "scripts"), str(tmp_path)],
