@@ -212,6 +212,18 @@ def test_bh_is_scipys_false_discovery_control(p):
     assert benjamini_hochberg(p) == pytest.approx(stats.false_discovery_control(p))
 
 
+def test_a_registered_family_adjusts_over_its_size_with_the_tests_not_run_at_p_1():
+    # two tests run of a registered family of 4: Holm multiplies the smallest by 4, not by 2 (a family read part-way
+    # adjusted over the tests it has so far would reject here: 0.02 x 2 < 0.05)
+    assert holm([0.02, float("nan"), 0.03], family=4) == pytest.approx([0.08, math.nan, 0.09], nan_ok=True)
+    assert holm([0.02, 0.03]) == pytest.approx([0.04, 0.04])
+    assert benjamini_hochberg([0.02, 0.03], family=4) == pytest.approx(
+        stats.false_discovery_control([0.02, 0.03, 1, 1])[:2])
+    assert holm([0.02, 0.03], family=2) == pytest.approx(holm([0.02, 0.03]))
+    with pytest.raises(ValueError, match="family=1"):
+        holm([0.02, 0.03], family=1)
+
+
 def test_adjustments_skip_missing_p_values():
     adj = holm([0.01, float("nan"), 0.04])
     assert math.isnan(adj[1]) and adj[0] == pytest.approx(0.02) and adj[2] == pytest.approx(0.04)

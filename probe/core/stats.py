@@ -233,8 +233,27 @@ def _finite_sorted(pvalues: Sequence[float] | np.ndarray) -> tuple[np.ndarray, n
     return p, np.full(p.shape, np.nan), ok[np.argsort(p[ok], kind="stable")]
 
 
-def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
-    """Holm's step-down adjustment (family-wise error); NaN entries stay NaN and do not count as tests."""
+def _registered(pvalues: Sequence[float] | np.ndarray, family: int | None) -> tuple[np.ndarray, int]:
+    """The p values with, for a registered ``family``, every test of it not given here (no runs yet, too few
+    seeds so far) standing in at p = 1 after them, so that a family read part-way is never adjusted over fewer
+    tests than the complete family will be; and how many of the values are the given ones."""
+    p = np.asarray(pvalues, dtype=float).ravel()
+    if family is None:
+        return p, len(p)
+    tests = int(np.count_nonzero(np.isfinite(p)))
+    if family < tests:
+        raise ValueError(f"family={family}: a family cannot hold the {tests} tests given")
+    return np.concatenate([p, np.ones(family - tests)]), len(p)
+
+
+def holm(pvalues: Sequence[float] | np.ndarray, *, family: int | None = None) -> np.ndarray:
+    """Holm's step-down adjustment (family-wise error); NaN entries stay NaN and do not count as tests.
+    ``family``: the size of a registered family, of which these are the tests run; the others stand in at p = 1."""
+    padded, n = _registered(pvalues, family)
+    return _holm(padded)[:n].reshape(np.shape(pvalues))
+
+
+def _holm(pvalues: np.ndarray) -> np.ndarray:
     p, out, order = _finite_sorted(pvalues)
     m = len(order)
     if m:
@@ -243,17 +262,17 @@ def holm(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
     return out
 
 
-def benjamini_hochberg(pvalues: Sequence[float] | np.ndarray) -> np.ndarray:
+def benjamini_hochberg(pvalues: Sequence[float] | np.ndarray, *, family: int | None = None) -> np.ndarray:
     """Benjamini-Hochberg step-up adjustment (false discovery rate), ``scipy.stats.false_discovery_control``; NaN
-    entries stay NaN and do not count as tests."""
+    entries stay NaN and do not count as tests. ``family`` as for ``holm``."""
     from scipy import stats
 
-    p = np.asarray(pvalues, dtype=float)
+    p, n = _registered(pvalues, family)
     out = np.full(p.shape, np.nan)
     ok = np.isfinite(p)
     if ok.any():
         out[ok] = stats.false_discovery_control(p[ok])
-    return out
+    return out[:n].reshape(np.shape(pvalues))
 
 
 def fraction_above(values: Sequence[float] | np.ndarray, threshold: float = 0.9) -> tuple[int, int]:

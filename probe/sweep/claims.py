@@ -225,8 +225,7 @@ def judge(claims: Claims, runs: pd.DataFrame) -> list[dict[str, Any]]:
         rows.append(row)
     # Holm over the whole pre-registered family: a comparison not run (pending, or not testable) stands in with p = 1,
     # so a verdict reached while part of the family waits for seeds is never adjusted over fewer tests than it says
-    family = [pvalues.get(c.id, 1.0) for c in comparisons]
-    adjusted = {c.id: q for c, q in zip(comparisons, holm(family), strict=True) if c.id in pvalues}
+    adjusted = dict(zip(pvalues, holm(list(pvalues.values()), family=len(comparisons)), strict=True))
     for row in rows:
         if row["claim"] in adjusted:
             p, q = pvalues[row["claim"]], float(adjusted[row["claim"]])

@@ -112,14 +112,14 @@ def compare(curves: pd.DataFrame, baselines: Sequence[str], subtask: str = "stat
     # a registered family: every pair of it not run as a test (no runs yet, or too few seeds so far) stands in with
     # p = 1, so a grid read part-way is never adjusted over fewer tests than the complete grid will be. Without one,
     # a pair whose seeds cannot reject is left out (Tarone): its testability is fixed by the seed counts alone.
-    waiting = np.ones(family - len(unique) if registered else 0)
-    p_all = np.concatenate([unique.p_permutation.to_numpy(), waiting])
-    adjusted = pd.DataFrame({"pair": unique.pair, "p_holm": holm(p_all)[:len(unique)],
-                             "p_bh": benjamini_hochberg(p_all)[:len(unique)]})
+    over = family if registered else None
+    p_run = unique.p_permutation.to_numpy()
+    adjusted = pd.DataFrame({"pair": unique.pair, "p_holm": holm(p_run, family=over),
+                             "p_bh": benjamini_hochberg(p_run, family=over)})
     frame = frame.merge(adjusted, on="pair", how="left").drop(columns="pair")
     frame["n_tests"] = len(unique)
     frame["family"] = family
-    frame["adjusted_over"] = len(p_all)
+    frame["adjusted_over"] = family if registered else len(unique)
     frame["verdict"] = [_verdict(r) for r in frame.itertuples()]
     return frame
 

@@ -188,9 +188,7 @@ def family(v: pd.DataFrame, pairs: list[tuple[str, str, str]]) -> dict[tuple[str
         rows.append(dict(variant=a, baseline=b, measure=m, n=len(x), m=len(y), estimate=diff.estimate, low=diff.low,
                          high=diff.high, family=k, testable=ok, p=permutation_p(x, y) if ok else math.nan))
     # every registered pair not run as a test (no runs yet, or seeds too few so far) stands in with p = 1
-    tested = [r["p"] for r in rows if r["testable"]]
-    q = iter(holm(tested + [1.0] * (k - len(tested)))[:len(tested)])
-    adjusted = [next(q) if r["testable"] else math.nan for r in rows]
+    adjusted = holm([r["p"] for r in rows], family=k)  # an untestable pair's p is NaN: not a test
     return {(r["variant"], r["baseline"], r["measure"]): Comparison(**r, p_holm=float(q))
             for r, q in zip(rows, adjusted, strict=True)}
 
