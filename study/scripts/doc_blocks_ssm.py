@@ -264,12 +264,20 @@ def screen(values: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+_EXTENSION_COPIES = {"set", "eval_lengths", "eval_factors", "order"}
+"""The screen's settings that the extension copies; extension_toml refuses a screen that sets any other."""
+
+
 def extension_toml(qualifying: list[str]) -> str:
     """The extension's sweep file: the screen's settings, seeds 53-59, the qualifying variants only (each variant
     of sweeps/ssm_boundary.toml is named after its preset). Rendered from the screen's results and its sweep
     file's settings, not read from a committed extension: tests/study/test_doc_blocks_ssm.py checks that a committed
     study/sweeps/ssm_boundary10.toml is this text."""
     plan = BOUNDARY_PLAN
+    uncopied = sorted(set(plan) - _EXTENSION_COPIES - {"name", "seeds", "variant"})
+    if uncopied:  # a setting added to the screen later must reach the extension, or the two would differ
+        raise ValueError(f"sweeps/ssm_boundary.toml sets {', '.join(uncopied)}, which the extension does not copy; "
+                         "add it to extension_toml")
     lines = ["# The 10-seed extension of sweeps/ssm_boundary.toml (its rule: a variant whose screening seeds 50-52",
              "# include one with state >= 90 % in (4x, 8x]), rendered from the committed screen by",
              "# study/scripts/doc_blocks_ssm.py; the same settings, seeds 53-59.",

@@ -175,6 +175,15 @@ def test_a_committed_extension_is_the_one_the_committed_screen_calls_for(B):
     assert path.read_text() == text.split("```toml\n")[1].split("```")[0]
 
 
+def test_a_screen_setting_the_extension_would_not_copy_is_refused(B, monkeypatch):
+    # the extension must run at the screen's settings: a setting added to the screen, which the rendered extension
+    # does not carry, would make the pooled seeds differ in more than their seeds
+    assert B.extension_toml(["ssm-complex-closed"]).count("[[variant]]") == 1
+    monkeypatch.setattr(B, "BOUNDARY_PLAN", {**B.BOUNDARY_PLAN, "jobs": 2})
+    with pytest.raises(ValueError, match="sets jobs, which the extension does not copy"):
+        B.extension_toml(["ssm-complex-closed"])
+
+
 def test_the_screen_waits_for_a_variant_neither_screened_nor_qualified(B, tmp_path, screen_of_three):
     root = _root(tmp_path)
     _boundary(root, only_two_seeds_of_negative=True)
