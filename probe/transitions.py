@@ -41,6 +41,7 @@ from probe.cli import resolve_device
 from probe.core.rows import CONTROL, INSTRUMENT, check_row
 from probe.errors import ProbeError
 from probe.runner import CheckpointOptions, Command, Report, lengths_option, option, samples_option, threads_option
+from probe.windows import windows_for
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -127,27 +128,36 @@ def measure_fade(model: HookedSequenceModel, task: TaskConfig, n_samples: int = 
     """One row per (block, channel): ``fade_400``, how much of the channel's state survives a stream of ``steps``
     tokens -- the product of |a_t| over the stream positions of a sampled sequence of that length (the factor that
     multiplies whatever the state held before the stream, whatever is written meanwhile), the median over
-    ``n_samples`` sequences. Unlike ``fade_steps`` (from each token's mean modulus) it is measured on whole sequences,
-    so context and the order of tokens count. |a_t| is ``hook_a`` as the module computes it (a_t for the real ranges,
-    the modulus r_t for the complex ones, so not |r e^{iθ}| rounded again), multiplied in float64: exactly 1.0 for a
-    channel whose every modulus is 1, 0.0 where the product underflows (a channel that forgets). NaN where the model's
-    learned position table is too short for the dictionary prefix and ``steps`` tokens."""
+    ``n_samples`` sequences; and ``fade_win_{lo}x_{hi}x`` for every complete window of those positions
+    (``probe.windows``: in range, (1x, 2x], ... (8x, 16x] at 400 = 16 x 25), the same product over the window's
+    positions only: how much of what the channel held entering the window survives to its end. A channel can keep
+    its state in range and lose it beyond, where its transition depends on context (block 1 onwards) and the context
+    leaves what training saw; fade_400 alone cannot say where. Unlike ``fade_steps`` (from each token's mean
+    modulus) these are measured on whole sequences, so context and the order of tokens count. |a_t| is ``hook_a`` as
+    the module computes it (a_t for the real ranges, the modulus r_t for the complex ones, so not |r e^{iθ}| rounded
+    again), multiplied in float64: exactly 1.0 for a channel whose every modulus is 1, 0.0 where the product
+    underflows (a channel that forgets). NaN where the model's learned position table is too short for the
+    dictionary prefix and ``steps`` tokens."""
     reason = not_applicable(model)
     if reason:
         raise ProbeError(reason)
     layers = model.lstm_layers
     cfg = model.cfg
+    windows = windows_for(task.train_length, steps)
+    columns = ["fade_400"] + [f"fade_win_{w.key}" for w in windows]
     if cfg.pos_encoding == "learned" and task.prefix_len + steps > cfg.max_len:
-        return pd.DataFrame([{"block": i, "channel": c, "fade_400": math.nan}
+        return pd.DataFrame([{"block": i, "channel": c, **dict.fromkeys(columns, math.nan)}
                              for i, layer in enumerate(layers) for c in range(layer.k)])
     tokens = task.sample(steps, n_samples, seed).tokens.to(next(model.parameters()).device)
     names = [f"blocks.{i}.lstm.hook_a" for i in range(len(layers))]
     _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
     rows = []
     for i, name in enumerate(names):
-        survived = cache[name][:, task.prefix_len:].double().abs().prod(dim=1)  # (sequences, channels)
-        median = torch.quantile(survived, 0.5, dim=0).cpu()
-        rows += [{"block": i, "channel": c, "fade_400": float(f)} for c, f in enumerate(median.tolist())]
+        modulus = cache[name][:, task.prefix_len:].double().abs()  # (sequences, stream positions, channels)
+        spans = [slice(None)] + [slice(w.lo, w.hi) for w in windows]
+        medians = [torch.quantile(modulus[:, span].prod(dim=1), 0.5, dim=0).cpu().tolist() for span in spans]
+        rows += [{"block": i, "channel": c, **{col: float(m[c]) for col, m in zip(columns, medians, strict=True)}}
+                 for c in range(layers[i].k)]
     return pd.DataFrame(rows)
 
 
@@ -406,7 +416,9 @@ _HELP_JSON = """JSON (--json): results rows with checkpoint, label, seed, length
   channel: block, channel, k, order (m / gcd(k, m); 1 = no counting), phase_error (rad), min_modulus, drift_steps,
     fade_steps, horizon (= drift_steps; both capped at 1e6), counts_beyond (order > 1 and drift_steps >= 4 L_train;
     the fade is reported apart), b (mean input gate), fade_400 (the product of |a_t| over a 400-token stream, median
-    over the sequences: the share of the state that survives 16 x L_train at L_train 25; 1.0 exactly at |a| = 1);
+    over the sequences: the share of the state that survives 16 x L_train at L_train 25; 1.0 exactly at |a| = 1),
+    fade_win_0x_1x, fade_win_1x_2x, ... fade_win_8x_16x (the same product over each window's stream positions only:
+    the share of what the channel holds entering the window that survives to its end);
   summary: block, order, channels (counting beyond 4 L_train), of, best_horizon, best_fade (that channel's), beyond;
   transition (--tokens): block, channel, token, kind (number|other), modulus, modulus_sd, phase, phase_spread, b, n.
 controls rows: known_rotation (instrument: a hand-set transition, the best the range allows, must come back as its

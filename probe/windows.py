@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from probe.tasks import TaskConfig
 
 __all__ = ["WINDOW_MULTIPLES", "Window", "eval_seed", "factor_subtask", "position_counts", "state_factors",
-           "window_chance", "window_table", "windows_for", "windows_of"]
+           "window_chance", "window_key", "window_table", "windows_for", "windows_of"]
 
 EVAL_SEED_BASE = EVALUATE
 """Evaluation batches come from seeds far from the training seeds (which are ``seed * 1_000_003 + step``)."""
@@ -59,10 +59,25 @@ class Window:
     name: str
 
     @property
+    def key(self) -> str:
+        """The window as a column suffix: ``0x_1x`` in range, ``4x_8x`` for (4x, 8x] (``state_win_4x_8x``)."""
+        return window_key(self.name)
+
+    @property
     def beyond(self) -> bool:
         """Whether every position lies beyond the training length (the only windows a claim about length
         generalization may rest on)."""
         return self.lo > 0
+
+
+def window_key(name: str) -> str:
+    """A window's name as reports print it (``in range``, ``(4x, 8x]``) as the suffix of the columns that carry one
+    number a window (``0x_1x``, ``4x_8x``: ``state_win_4x_8x`` in a run's summary)."""
+    if name == "in range":
+        return "0x_1x"
+    if not (name.startswith("(") and name.endswith("x]") and ", " in name):
+        raise ProbeError(f"{name!r} is not a window name (in range, or (Ax, Bx])")
+    return name[1:-1].replace(", ", "_")
 
 
 def windows_for(train_length: int, max_length: int) -> list[Window]:

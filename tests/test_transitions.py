@@ -23,6 +23,7 @@ from probe.transitions import (
     reinitialised,
     summarize,
 )
+from probe.windows import windows_for
 
 from conftest import tiny_model
 
@@ -251,6 +252,16 @@ def test_fade_400_is_the_median_product_of_the_moduli_over_the_400_stream_steps(
     assert n.shape == (5,) and len(set(n.tolist())) > 1  # the sequences differ, so the median is a choice
     assert abs(f[2] / 0.99 ** float(n.median()) - 1) < 1e-6
     assert len(fade) == 2 * 48 and fade.fade_400.between(0, 1).all()
+    # each window's product runs over its own stream positions (lo, hi]: 0.99^(hi - lo) on every token, and on
+    # numbers only 0.99 to the median count of numbers in those positions (a window read off by one position, or
+    # shifted onto the dictionary prefix, misses both by a factor 0.99 or more)
+    windows = windows_for(TASK.train_length, 400)
+    assert len(windows) >= 4 and windows[0].name == "in range"
+    stream = TASK.sample(400, 5, 0).tokens[:, TASK.prefix_len:] < TASK.m
+    for w in windows:
+        g = fade[fade.block == 0].set_index("channel")[f"fade_win_{w.key}"]
+        assert g[0] == 1.0 and abs(g[1] / 0.99 ** (w.hi - w.lo) - 1) < 1e-6
+        assert abs(g[2] / 0.99 ** float(stream[:, w.lo:w.hi].sum(1).median()) - 1) < 1e-6
 
 
 def test_fade_400_of_a_closed_channel_is_1_where_the_open_range_fades_and_analyze_reports_it(tmp_path):

@@ -98,3 +98,11 @@ def test_windows_and_the_length_curve_count_the_same_answers_on_the_same_sequenc
         assert part.right.sum() / part.asked.sum() == pytest.approx(total[subtask]["token_acc"], abs=1e-12)
     table = window_table(counts, task, L).set_index(["subtask", "window"])
     assert table.loc[("state", "(1x, 2x]"), "seq_acc"] == 1.0 and table.loc[("state", "(2x, 4x]"), "seq_acc"] < 0.2
+
+
+def test_a_window_s_key_is_the_suffix_of_its_summary_column_and_a_bad_name_is_refused():
+    from probe.windows import window_key
+
+    assert [w.key for w in windows_for(25, 400)] == ["0x_1x", "1x_2x", "2x_4x", "4x_8x", "8x_16x"]
+    with pytest.raises(ProbeError, match="not a window name"):
+        window_key("(4x, 8x)")

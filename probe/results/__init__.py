@@ -276,13 +276,11 @@ def _tidy_windows(w: pd.DataFrame) -> pd.DataFrame:
 def window_columns(windows: pd.DataFrame) -> dict[str, dict[str, float | None]]:
     """Per run: ``{subtask}_win_{lo}x_{hi}x`` (token accuracy at positions in (lo, hi] x L_train), the columns a
     run's summary carries for each window."""
-    from probe.windows import WINDOW_MULTIPLES
+    from probe.windows import window_key
 
-    names = {"in range": "0x_1x", **{f"({a}x, {b}x]": f"{a}x_{b}x"
-                                     for a, b in zip(WINDOW_MULTIPLES, WINDOW_MULTIPLES[1:], strict=False)}}
     out: dict[str, dict[str, float | None]] = {}
     for r in windows.itertuples(index=False):
-        out.setdefault(r.run, {})[f"{r.subtask}_win_{names[r.window]}"] = _num(r.token_acc)
+        out.setdefault(r.run, {})[f"{r.subtask}_win_{window_key(r.window)}"] = _num(r.token_acc)
     return out
 
 
