@@ -4,10 +4,12 @@ Usage: ``python study/scripts/recurrent_transitions.py RUNS [--out study/results
 [--samples 32]``; study/scripts/collect_grid.sh runs it for the ssm_ grids (``--out study/results/NAME/...``).
 RUNS is the grid's ``--out`` directory (``VARIANT/seedS/final.pt``). One row per run, block and order o (2, 5, 10 for
 m = 10): how many channels count mod o beyond 4 x L_train, the longest drift horizon of a channel of that order,
-that channel's ``fade_400`` (the share of its state that survives a 400-token stream), the median ``fade_400`` over
-every channel of the run (both blocks), and whether the run's instrument check and controls passed. Runs already in
-the file are skipped, so the script can follow a grid as it lands (rows written before the fade columns existed keep
-them empty); a run whose cell is not an SSM is not read (the analysis does not apply to it).
+that channel's ``fade_400`` (the share of its state that survives a 400-token stream) and ``fade_win_*`` (the share
+that survives each window of positions: in range, (1x, 2x], ... (8x, 16x]), the median ``fade_400`` over every
+channel of the run (both blocks), and whether the run's instrument check and controls passed. Runs already in the
+file are skipped, so the script can follow a grid as it lands (rows written before a fade column existed keep it
+empty; ``--redo`` reads every run of RUNS again and replaces its rows); a run whose cell is not an SSM is not read
+(the analysis does not apply to it).
 """
 
 from __future__ import annotations
@@ -26,11 +28,16 @@ COLUMNS = ["variant", "seed", "block", "order", "channels", "of", "best_horizon"
            "median_fade_400", "known_rotation", "reinit", "shuffled_digits"]
 
 
-def _best_fade(channels: pd.DataFrame, block: int, order: int) -> float:
-    """``fade_400`` of the channel of this block and order with the longest drift horizon (the one whose horizon
-    ``summarize`` reports), to 4 decimals; NaN where the block has no channel of that order."""
+def _best_fades(channels: pd.DataFrame, block: int, order: int) -> dict[str, float]:
+    """``fade_400`` and each ``fade_win_*`` of the channel of this block and order with the longest drift horizon (the
+    one whose horizon ``summarize`` reports), to 4 significant digits (a fade beyond the range can be 1e-30, which
+    4 decimals would print as 0); NaN where the block has no channel of that order."""
     part = channels[(channels.block == block) & (channels.order == order)]
-    return round(float(part.loc[part.horizon.idxmax(), "fade_400"]), 4) if len(part) else float("nan")
+    columns = [c for c in channels if c == "fade_400" or c.startswith("fade_win_")]
+    if not len(part):
+        return dict.fromkeys(columns, float("nan"))
+    best = part.loc[part.horizon.idxmax()]
+    return {c: float(f"{float(best[c]):.4g}") for c in columns}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,14 +45,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runs", type=Path, help="the grid's --out directory")
     parser.add_argument("--out", type=Path, default=Path("study/results/recurrent/transitions.csv"))
     parser.add_argument("--samples", type=int, default=32, help="sequences of length L_train per run (default 32)")
+    parser.add_argument("--redo", action="store_true",
+                        help="read every run of RUNS again and replace its rows (e.g. after a column was added)")
     args = parser.parse_args(argv)
     if not args.runs.is_dir():
         print(f"error: {args.runs}: no such directory", file=sys.stderr)
         return 2
     done = pd.read_csv(args.out) if args.out.exists() else pd.DataFrame(columns=COLUMNS)
-    have = set(zip(done.variant, done.seed.astype(int), strict=True))
     todo = sorted((p.parent.parent.name, int(p.parent.name.removeprefix("seed")), p)
                   for p in args.runs.glob("*ssm*/seed*/final.pt"))
+    if args.redo:
+        again = {t[:2] for t in todo}
+        done = done[[k not in again for k in zip(done.variant, done.seed.astype(int), strict=True)]]
+    have = set(zip(done.variant, done.seed.astype(int), strict=True))
     todo = [t for t in todo if t[:2] not in have]
     rows = []
     for variant, seed, path in progress_iter(todo, "transitions", True):
@@ -61,14 +73,16 @@ def main(argv: list[str] | None = None) -> int:
         for s in r.summary.itertuples():
             rows.append({"variant": variant, "seed": seed, "block": s.block, "order": s.order,
                          "channels": s.channels, "of": s.of, "best_horizon": round(float(s.best_horizon), 1),
-                         "beyond": s.beyond, "fade_400": _best_fade(r.channels, s.block, s.order),
+                         "beyond": s.beyond, **_best_fades(r.channels, s.block, s.order),
                          "median_fade_400": median, **{k: passed.get(k) for k in COLUMNS[-3:]}})
     if rows:
         out = pd.concat([done, pd.DataFrame(rows)], ignore_index=True).sort_values(["variant", "seed", "block",
                                                                                     "order"])
+        windows = [c for c in out if c.startswith("fade_win_")]  # in window order: as measure_fade writes them
+        at = COLUMNS.index("fade_400") + 1
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_suffix(".tmp")
-        out.reindex(columns=COLUMNS).to_csv(tmp, index=False)
+        out.reindex(columns=COLUMNS[:at] + windows + COLUMNS[at:]).to_csv(tmp, index=False)
         tmp.replace(args.out)
     print(f"{args.out}: {len(rows) and len(todo)} runs added, {len(have)} were there", file=sys.stderr)
     return 0

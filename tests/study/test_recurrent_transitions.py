@@ -36,9 +36,40 @@ def test_grid_script_reads_ssm_runs_once_and_skips_other_cells(tmp_path, monkeyp
     # block has no channel of that order): shares of the state, in [0, 1]
     assert df.median_fade_400.between(0, 1).all() and df.median_fade_400.nunique() == 1
     assert (df.fade_400.isna() | df.fade_400.between(0, 1)).all()
+    windows = [c for c in df if c.startswith("fade_win_")]  # every window of 400 positions at L_train 5, in order
+    assert windows == [f"fade_win_{k}" for k in ("0x_1x", "1x_2x", "2x_4x", "4x_8x", "8x_16x", "16x_32x")]
+    assert list(df.columns).index("fade_400") + 1 == list(df.columns).index(windows[0])
+    assert df[windows].notna().sum(axis=1).eq(df.fade_400.notna() * len(windows)).all()
+    assert (df[windows].isna() | (df[windows] >= 0) & (df[windows] <= 1)).all().all()
     before = out.read_text()
     calls = []
     monkeypatch.setattr(recurrent_transitions, "analyze", lambda *a, **k: calls.append(a))
     assert recurrent_transitions.main([str(runs), "--out", str(out)]) == 0
     assert not calls and out.read_text() == before  # finished runs are not read again
     assert recurrent_transitions.main([str(tmp_path / "nowhere"), "--out", str(out)]) == 2
+
+
+def test_redo_reads_the_runs_again_and_fills_a_column_written_before_it_existed(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import recurrent_transitions
+
+    runs = tmp_path / "runs"
+    ssm = tiny_model("hybrid", TASK.vocab_size, d_model=48, rnn="ssm", ssm_range="negative", pos_encoding="none")
+    (runs / "hybrid-ssm-negative-dat" / "seed3").mkdir(parents=True)
+    save_checkpoint(runs / "hybrid-ssm-negative-dat" / "seed3" / "final.pt", checkpoint_from_model(
+        ssm, TASK, train_config={"seed": 3, "schedule": {"kind": "joint"}}))
+    out = tmp_path / "transitions.csv"
+    assert recurrent_transitions.main([str(runs), "--out", str(out), "--samples", "8"]) == 0
+    full = pd.read_csv(out)
+    # as written before the window columns existed, beside another grid's run that RUNS does not hold
+    old = full.drop(columns=[c for c in full if c.startswith("fade_win_")])
+    other = old.assign(variant="ssm-positive", fade_400=0.5)
+    pd.concat([old, other]).to_csv(out, index=False)
+    assert recurrent_transitions.main([str(runs), "--out", str(out), "--samples", "8"]) == 0
+    assert "fade_win_4x_8x" not in pd.read_csv(out)  # without --redo a run already read is not read again
+    assert recurrent_transitions.main([str(runs), "--out", str(out), "--samples", "8", "--redo"]) == 0
+    again = pd.read_csv(out)
+    assert len(again) == 2 * len(full)  # replaced, not appended; the other run kept
+    mine = again[again.variant == "hybrid-ssm-negative-dat"].reset_index(drop=True)
+    pd.testing.assert_frame_equal(mine, full)
+    assert again[again.variant == "ssm-positive"].fade_win_4x_8x.isna().all()
