@@ -557,6 +557,56 @@ FADE_HEAD = ["variant", "channel", "seeds", "its drift horizon (steps)", "its fa
              "median fade_400 over the run's channels"]
 
 
+KEEPS = 0.5
+"""A channel keeps its state through a window when at least this share of what it holds entering the window survives
+to the window's end (fade_win_*: the product of |a_t| over the window's positions, median over sequences)."""
+ORDER_FACTOR = {2: "state_mod2", 5: "state_mod5", 10: "state"}
+"""The factor of the running sum a channel of each order tracks (Z_2, Z_5, Z_10)."""
+
+
+def _best_channels(tr: pd.DataFrame, variant: str, order: int) -> pd.DataFrame:
+    """Per seed of ``variant``, the row of its channel of ``order`` with the longest drift horizon (any block)."""
+    t = tr[(tr.variant == variant) & (tr.order == order)].drop_duplicates(["seed", "block"])
+    return t.sort_values("best_horizon", kind="stable").groupby("seed").tail(1).sort_values("seed")
+
+
+def fade_window_table(tr: pd.DataFrame, values: pd.DataFrame, variants: list[tuple[str, int]]) -> str:
+    """Where each counting channel loses its state, beside where its factor is lost: per variant and order, over the
+    seeds whose windows of fade were measured, each window's median fade through it · seeds whose channel keeps at
+    least KEEPS of it, and the factor's accuracy there (mean · seeds at or above HOLDS) on the same seeds."""
+    rows, missing = [], []
+    for v, order in variants:
+        best = _best_channels(tr, v, order)
+        cols = [f"fade_win_{w}" for w, *_ in WINDOWS]
+        if best.empty:
+            continue
+        if any(c not in best for c in cols):
+            missing += [f"`{v}`"]
+            continue
+        measured = best.dropna(subset=cols)
+        missing += [f"`{v}` {s}" for s in sorted(set(best.seed) - set(measured.seed))]
+        if measured.empty:
+            continue
+        name = ORDER_FACTOR[order]
+        label = next(lab for n, lab, _ in FACTORS if n == name)
+        acc = values[(values.variant == v) & values.seed.isin(measured.seed)]
+        fades = [f"{measured[c].median():.3f} · {int((measured[c] >= KEEPS).sum())}/{len(measured)}" for c in cols]
+        rows.append([f"`{v}`", f"Z_{order}", " ".join(map(str, measured.seed)), "its fade through the window", *fades])
+        rows.append(["", "", "", f"{label} accuracy", *[_cell(acc[_col(name, w)]) if _col(name, w) in acc else "–"
+                                                        for w, *_ in WINDOWS]])
+    text = (f"Where the channel loses its state: per seed, the same channel's fade through each window of positions "
+            f"(the share of what it holds entering the window that survives to the window's end; median over seeds "
+            f"· seeds keeping at least {KEEPS:g} of it), and below it the accuracy of the factor that channel's order "
+            f"tracks on the same seeds (mean % · seeds at or above {pct(HOLDS)} %). The windows differ in length "
+            "(25 positions in range, 200 in (8x, 16x]); a channel of block 0 sees one token a step, one of block 1 "
+            "sees a context that leaves what training saw:\n\n"
+            + table(["variant", "channel", "seeds", "measure", *[lab for _, lab, _, _ in WINDOWS]], rows))
+    if missing:
+        text += ("\n\nNo fade per window measured (read before the columns existed; their checkpoints are not in "
+                 "this checkout): " + ", ".join(missing) + ".")
+    return text
+
+
 def _transitions(root: Path, grids: tuple[str, ...]) -> pd.DataFrame | None:
     paths = [results_dir(root) / g / "transitions.csv" for g in grids]
     if not paths[0].is_file():
@@ -577,6 +627,9 @@ def ssm_complex10_fade(root: Path) -> str:
     if unmeasured:
         text += ("\n\nNo fade_400 measured (read before the column existed; their checkpoints are not in this "
                  "checkout): " + ", ".join(unmeasured) + ".")
+    got = complex_values(root)
+    if got is not None:
+        text += "\n\n" + fade_window_table(tr, got[0], [(v, 10) for v in COMPLEX])
     return text
 
 
@@ -590,7 +643,9 @@ def ssm_boundary_fade(root: Path) -> str:
     variants = [(v, {"negative": 2, "complex": 10}[_range_of(v)[0]]) for v in BOUNDARY_VARIANTS
                 if _range_of(v)[0] in ("negative", "complex")]
     rows, _ = _fade_rows(tr, variants)
-    return FADE_TEXT + table(FADE_HEAD, rows)
+    text = FADE_TEXT + table(FADE_HEAD, rows)
+    got = boundary_values(root)
+    return text if got is None else text + "\n\n" + fade_window_table(tr, got[0], variants)
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {

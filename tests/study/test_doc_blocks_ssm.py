@@ -361,6 +361,29 @@ def test_the_boundary_fade_block_reads_the_order_each_closed_range_represents_sc
     assert "ssm-positive-closed" not in text  # no counting channel in the positive range
 
 
+def test_the_window_fade_table_follows_each_seed_s_best_channel_beside_its_factor_on_the_same_seeds(B, tmp_path):
+    root = _root(tmp_path)
+    _boundary(root)  # negative-closed: parity 100 % in every window, seeds 50-52
+    keeps = {50: [1.0, 0.9, 0.6, 0.4, 0.1], 51: [1.0, 0.8, 0.3, 0.2, 0.0], 52: [float("nan")] * 5}
+
+    def row(seed: int, block: int, horizon: float, fades: list[float]) -> dict:
+        return {"variant": "ssm-negative-closed", "seed": seed, "block": block, "order": 2, "channels": 1, "of": 64,
+                "best_horizon": horizon, "beyond": 100, "fade_400": 0.0,
+                **{f"fade_win_{w}": f for (w, *_), f in zip(B.WINDOWS, fades, strict=True)},
+                "median_fade_400": 0.0, "known_rotation": True, "reinit": True, "shuffled_digits": True}
+
+    # block 1's channel has the longer horizon, so it is the one read; block 0's (fade 0 throughout) must not be
+    tr = [row(s, 1, 1e6, keeps[s]) for s in (50, 51, 52)] + [row(s, 0, 10.0, [0.0] * 5) for s in (50, 51, 52)]
+    pd.DataFrame(tr).to_csv(root / "study" / "results" / "ssm_boundary" / "transitions.csv", index=False)
+    text = B.ssm_boundary_fade(root).split("Where the channel loses its state")[1]
+    fade, acc = text.split("| `ssm-negative-closed` |")[1].splitlines()[:2]
+    # medians over seeds 50 and 51 (52 was read before the columns existed): 0.85 in (1x, 2x], 0.45 in (2x, 4x]
+    assert "| Z_2 | 50 51 | its fade through the window | 1.000 · 2/2 | 0.850 · 2/2 | 0.450 · 1/2 | 0.300 · 0/2 |" \
+        in "|" + fade
+    assert "| parity (mod 2) accuracy | 100.0 · 2/2 | 100.0 · 2/2 |" in acc
+    assert "`ssm-negative-closed` 52" in text.split("No fade per window measured")[1]
+
+
 def test_run_gaps_that_cancel_over_runs_keep_the_estimate_and_a_shift_shared_by_all_drops_it(B, tmp_path):
     # each run's estimate 3 points off, up in half of the runs and down in the other half: sequence-level luck, not
     # bias (a bar on one run's gap would drop the estimated seeds); the same 3 points in every run is a bias
