@@ -222,6 +222,8 @@ def test_a_registered_family_adjusts_over_its_size_with_the_tests_not_run_at_p_1
     assert holm([0.02, 0.03], family=2) == pytest.approx(holm([0.02, 0.03]))
     with pytest.raises(ValueError, match="family=1"):
         holm([0.02, 0.03], family=1)
+    with pytest.raises(ValueError, match="whole number"):
+        holm([0.02], family=2.5)
 
 
 def test_adjustments_skip_missing_p_values():

@@ -275,6 +275,7 @@ def extension_toml(qualifying: list[str]) -> str:
     study/sweeps/ssm_boundary10.toml is this text."""
     plan = BOUNDARY_PLAN
     uncopied = sorted(set(plan) - _EXTENSION_COPIES - {"name", "seeds", "variant"})
+    uncopied += sorted({f"{v.get('name')}.{k}" for v in plan["variant"] for k in set(v) - {"name", "preset"}})
     if uncopied:  # a setting added to the screen later must reach the extension, or the two would differ
         raise ValueError(f"sweeps/ssm_boundary.toml sets {', '.join(uncopied)}, which the extension does not copy; "
                          "add it to extension_toml")
@@ -526,18 +527,28 @@ def ssm_complex10_compare(root: Path) -> str:
                      "verdict"], rows))
 
 
+def _best_channels(tr: pd.DataFrame, variant: str, order: int) -> pd.DataFrame:
+    """Per seed of ``variant``, the row of its channel of ``order`` with the longest drift horizon (any block, whatever
+    that horizon). Horizons tie (two exact channels at the 1e6 cap, two at 0): a tie goes to the channel with the
+    larger fade_400 (the one that keeps more of its state), then to the later block. Both fade tables read the
+    channel chosen here."""
+    t = tr[(tr.variant == variant) & (tr.order == order)].drop_duplicates(["seed", "block"])
+    if "fade_400" not in t:
+        t = t.assign(fade_400=math.nan)
+    t = t.sort_values(["seed", "block"]).sort_values(["best_horizon", "fade_400"], kind="stable", na_position="first")
+    return t.groupby("seed").tail(1).sort_values("seed")
+
+
 def _fade_rows(tr: pd.DataFrame, variants: list[tuple[str, int]]) -> tuple[list[list[str]], list[str]]:
-    """Per (variant, order): each seed's channel of that order with the longest drift horizon (any block), its
-    horizon and fade_400, and the median fade_400 over the run's channels; and the runs read before fade_400."""
+    """Per (variant, order): each seed's channel of that order chosen by ``_best_channels``, its horizon and
+    fade_400, and the median fade_400 over the run's channels; and the runs read before fade_400."""
     tr = tr.drop_duplicates(["variant", "seed", "block", "order"])
-    if "fade_400" not in tr:
-        tr = tr.assign(fade_400=math.nan)
+    tr = tr.assign(**{c: math.nan for c in ("fade_400", "median_fade_400") if c not in tr})
     rows, unmeasured = [], []
     for v, order in variants:
-        t = tr[(tr.variant == v) & (tr.order == order)]
-        if t.empty:
+        best = _best_channels(tr, v, order)
+        if best.empty:
             continue
-        best = t.sort_values("best_horizon").groupby("seed").tail(1).sort_values("seed")
         measured = best[best.fade_400.notna()]
         unmeasured += [f"`{v}` {s}" for s in best.seed[best.fade_400.isna()]]
         if measured.empty:
@@ -552,7 +563,8 @@ def _fade_rows(tr: pd.DataFrame, variants: list[tuple[str, int]]) -> tuple[list[
 
 FADE_TEXT = ("The fade of each channel's modulus over 400 steps (16x): fade_400 is the product of |a_t| over a "
              "400-token stream, median over sequences (1.0 exactly at |a| = 1; a modulus of 0.999 throughout leaves "
-             "0.67). Per seed, the channel of the order shown with the longest drift horizon (any block):\n\n")
+             "0.67). Per seed, the channel of the order shown with the longest drift horizon (any block, whatever "
+             "that horizon; a tie goes to the larger fade_400):\n\n")
 FADE_HEAD = ["variant", "channel", "seeds", "its drift horizon (steps)", "its fade_400",
              "median fade_400 over the run's channels"]
 
@@ -562,12 +574,6 @@ KEEPS = 0.5
 to the window's end (fade_win_*: the product of |a_t| over the window's positions, median over sequences)."""
 ORDER_FACTOR = {2: "state_mod2", 5: "state_mod5", 10: "state"}
 """The factor of the running sum a channel of each order tracks (Z_2, Z_5, Z_10)."""
-
-
-def _best_channels(tr: pd.DataFrame, variant: str, order: int) -> pd.DataFrame:
-    """Per seed of ``variant``, the row of its channel of ``order`` with the longest drift horizon (any block)."""
-    t = tr[(tr.variant == variant) & (tr.order == order)].drop_duplicates(["seed", "block"])
-    return t.sort_values("best_horizon", kind="stable").groupby("seed").tail(1).sort_values("seed")
 
 
 def fade_window_table(tr: pd.DataFrame, values: pd.DataFrame, variants: list[tuple[str, int]]) -> str:
@@ -595,12 +601,14 @@ def fade_window_table(tr: pd.DataFrame, values: pd.DataFrame, variants: list[tup
         rows.append(["", "", "", f"{label} accuracy", *[_cell(acc[_col(name, w)]) if _col(name, w) in acc else "–"
                                                         for w, *_ in WINDOWS]])
     text = (f"Where the channel loses its state: per seed, the same channel's fade through each window of positions "
-            f"(the share of what it holds entering the window that survives to the window's end; median over seeds "
-            f"· seeds keeping at least {KEEPS:g} of it), and below it the accuracy of the factor that channel's order "
-            f"tracks on the same seeds (mean % · seeds at or above {pct(HOLDS)} %). The windows differ in length "
-            "(25 positions in range, 200 in (8x, 16x]); a channel of block 0 sees one token a step, one of block 1 "
-            "sees a context that leaves what training saw:\n\n"
-            + table(["variant", "channel", "seeds", "measure", *[lab for _, lab, _, _ in WINDOWS]], rows))
+            f"(the share of what it holds entering the window that survives to the window's end, not from the "
+            f"stream's start; median over seeds · seeds keeping at least {KEEPS:g} of it), and below it the accuracy "
+            f"of the factor that channel's order tracks on the same seeds (mean % · seeds at or above {pct(HOLDS)} "
+            "%). The windows differ in length (L_train positions in range, 8 x L_train in (8x, 16x]); a channel of "
+            "block 0 sees one token a step, one of block 1 sees a context that leaves what training saw. Its drift "
+            "horizon is measured at L_train only, so these tables do not say whether its phase holds beyond:\n\n"
+            + (table(["variant", "channel", "seeds", "measure", *[lab for _, lab, _, _ in WINDOWS]], rows) if rows
+               else "No run has its fade per window measured yet."))
     if missing:
         text += ("\n\nNo fade per window measured (read before the columns existed; their checkpoints are not in "
                  "this checkout): " + ", ".join(missing) + ".")

@@ -179,8 +179,14 @@ def test_a_screen_setting_the_extension_would_not_copy_is_refused(B, monkeypatch
     # the extension must run at the screen's settings: a setting added to the screen, which the rendered extension
     # does not carry, would make the pooled seeds differ in more than their seeds
     assert B.extension_toml(["ssm-complex-closed"]).count("[[variant]]") == 1
-    monkeypatch.setattr(B, "BOUNDARY_PLAN", {**B.BOUNDARY_PLAN, "jobs": 2})
-    with pytest.raises(ValueError, match="sets jobs, which the extension does not copy"):
+    plan = B.BOUNDARY_PLAN
+    monkeypatch.setattr(B, "BOUNDARY_PLAN", {**plan, "eval_samples": 128})
+    with pytest.raises(ValueError, match="sets eval_samples, which the extension does not copy"):
+        B.extension_toml(["ssm-complex-closed"])
+    # a setting of one variant (sweep files allow set, steps, task and seeds there) is refused the same way
+    variants = [dict(v, steps=900) if v["name"] == "ssm-complex-closed" else v for v in plan["variant"]]
+    monkeypatch.setattr(B, "BOUNDARY_PLAN", {**plan, "variant": variants})
+    with pytest.raises(ValueError, match="sets ssm-complex-closed.steps, which"):
         B.extension_toml(["ssm-complex-closed"])
 
 
@@ -374,6 +380,9 @@ def test_the_window_fade_table_follows_each_seed_s_best_channel_beside_its_facto
 
     # block 1's channel has the longer horizon, so it is the one read; block 0's (fade 0 throughout) must not be
     tr = [row(s, 1, 1e6, keeps[s]) for s in (50, 51, 52)] + [row(s, 0, 10.0, [0.0] * 5) for s in (50, 51, 52)]
+    # seed 50's block 0 channel ties at the cap with a smaller fade_400 (written first): the tie goes to block 1's
+    tr[3] = row(50, 0, 1e6, [0.0] * 5) | {"fade_400": -1.0}
+    tr[0]["fade_400"] = 0.2
     pd.DataFrame(tr).to_csv(root / "study" / "results" / "ssm_boundary" / "transitions.csv", index=False)
     text = B.ssm_boundary_fade(root).split("Where the channel loses its state")[1]
     fade, acc = text.split("| `ssm-negative-closed` |")[1].splitlines()[:2]
@@ -382,6 +391,17 @@ def test_the_window_fade_table_follows_each_seed_s_best_channel_beside_its_facto
         in "|" + fade
     assert "| parity (mod 2) accuracy | 100.0 · 2/2 | 100.0 · 2/2 |" in acc
     assert "`ssm-negative-closed` 52" in text.split("No fade per window measured")[1]
+    # the fade_400 table reads the same channel (its fade_400 0.200, not block 0's)
+    assert "| `ssm-negative-closed` | Z_2 | 50 51 52 | 1000000 / 1000000 / 1000000 | 0.200 / 0.000 / 0.000 |" \
+        in B.ssm_boundary_fade(root)
+
+
+def test_a_tie_at_the_cap_goes_to_the_larger_fade_whatever_the_row_order(B):
+    rows = [{"variant": "v", "seed": 1, "block": b, "order": 2, "best_horizon": 1e6, "fade_400": f}
+            for b, f in ((0, 0.9), (1, 0.1))]
+    for order in (rows, rows[::-1]):
+        best = B._best_channels(pd.DataFrame(order), "v", 2)
+        assert best.block.tolist() == [0] and best.fade_400.tolist() == [0.9]
 
 
 def test_run_gaps_that_cancel_over_runs_keep_the_estimate_and_a_shift_shared_by_all_drops_it(B, tmp_path):
