@@ -240,8 +240,8 @@ def _registered(pvalues: Sequence[float] | np.ndarray, family: int | None) -> tu
     p = np.asarray(pvalues, dtype=float).ravel()
     if family is None:
         return p, len(p)
-    if isinstance(family, bool) or not isinstance(family, int | np.integer) or family < 1:
-        raise ValueError(f"family={family!r}: a registered family is a whole number of tests, at least 1")
+    if isinstance(family, bool) or not isinstance(family, int | np.integer) or family < 0:
+        raise ValueError(f"family={family!r}: a registered family is a whole number of tests")
     tests = int(np.count_nonzero(np.isfinite(p)))
     if family < tests:
         raise ValueError(f"family={family}: a family cannot hold the {tests} tests given")
