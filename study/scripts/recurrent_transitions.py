@@ -84,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         tmp = args.out.with_suffix(".tmp")
         out.reindex(columns=COLUMNS[:at] + windows + COLUMNS[at:]).to_csv(tmp, index=False)
         tmp.replace(args.out)
-    print(f"{args.out}: {len(rows) and len(todo)} runs added, {len(have)} were there", file=sys.stderr)
+    read = len({(r["variant"], r["seed"]) for r in rows})
+    print(f"{args.out}: {read} runs read{' (their rows replaced)' if args.redo else ''}, {len(have)} kept as they "
+          "were", file=sys.stderr)
     return 0
 
 
