@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from probe.tasks import TaskConfig
 
 __all__ = ["TransitionResult", "analyze", "channel_table", "known_rotation_check", "main", "measure_fade",
-           "measure_transitions", "not_applicable", "plot_channels", "reinit_control", "reinitialised",
-           "shuffled_digits_control", "summarize"]
+           "measure_phase_windows", "measure_transitions", "not_applicable", "plot_channels", "reinit_control",
+           "reinitialised", "shuffled_digits_control", "summarize"]
 
 HORIZON = 4
 """A channel counts "beyond the training range" when its drift horizon reaches HORIZON x L_train (its fade is
@@ -158,6 +158,48 @@ def measure_fade(model: HookedSequenceModel, task: TaskConfig, n_samples: int = 
         medians = [torch.quantile(modulus[:, span].prod(dim=1), 0.5, dim=0).cpu().tolist() for span in spans]
         rows += [{"block": i, "channel": c, **{col: float(m[c]) for col, m in zip(columns, medians, strict=True)}}
                  for c in range(layers[i].k)]
+    return pd.DataFrame(rows)
+
+
+def measure_phase_windows(model: HookedSequenceModel, task: TaskConfig, channels: pd.DataFrame, n_samples: int = 64,
+                          seed: int = 0, steps: int = FADE_STEPS) -> pd.DataFrame:
+    """One row per (block, channel) of ``channels`` (``channel_table``'s: its fitted k and order): for every complete
+    window of a ``steps``-token stream, ``phase_win_{lo}x_{hi}x``, the phase error the channel accumulates through the
+    window's positions, in half-sectors: |sum over the window of wrap(arg a_t - target_t)| / (pi / order), target_t
+    = 2 pi k d / m on number d and 0 on any other token, the median over ``n_samples`` sequences. Below 1, a state
+    entering the window is still on the right one of the order's states at its end, as far as the phase goes (its
+    fade is ``measure_fade``'s); NaN for a channel of order 1 (no counting) and where the model's learned position
+    table is too short. ``channel_table``'s drift horizon predicts this from the transitions at one length; this
+    measures it where the context leaves what training saw."""
+    reason = not_applicable(model)
+    if reason:
+        raise ProbeError(reason)
+    layers = model.lstm_layers
+    windows = windows_for(task.train_length, steps)
+    columns = [f"phase_win_{w.key}" for w in windows]
+    fitted = channels.set_index(["block", "channel"])
+    keys = [(i, c) for i, layer in enumerate(layers) for c in range(layer.k)]
+    if model.cfg.pos_encoding == "learned" and task.prefix_len + steps > model.cfg.max_len:
+        return pd.DataFrame([{"block": i, "channel": c, **dict.fromkeys(columns, math.nan)} for i, c in keys])
+    tokens = task.sample(steps, n_samples, seed).tokens.to(next(model.parameters()).device)
+    names = [f"blocks.{i}.lstm.hook_{g}" for i, layer in enumerate(layers) for g in layer.GATES]
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    stream = tokens[:, task.prefix_len:].cpu().double()  # (sequences, positions)
+    digit = torch.where(stream < task.m, stream, torch.zeros_like(stream))
+    rows = []
+    for i, layer in enumerate(layers):
+        gates = [cache[f"blocks.{i}.lstm.hook_{g}"][:, task.prefix_len:].double() for g in layer.GATES]
+        phase = torch.angle(layer.transition(gates)).cpu()  # (sequences, positions, channels); real: 0 or pi
+        for c in range(layer.k):
+            k, order = (int(x) for x in fitted.loc[(i, c), ["k", "order"]])
+            if order < 2:
+                rows.append({"block": i, "channel": c, **dict.fromkeys(columns, math.nan)})
+                continue
+            err = torch.remainder(phase[:, :, c] - 2 * math.pi * k * digit / task.m + math.pi, 2 * math.pi) - math.pi
+            half = math.pi / order
+            rows.append({"block": i, "channel": c, **{
+                col: float(err[:, w.lo:w.hi].sum(dim=1).abs().median()) / half
+                for col, w in zip(columns, windows, strict=True)}})
     return pd.DataFrame(rows)
 
 
@@ -379,8 +421,11 @@ def analyze(path: str | Path, length: int | None = None, n_samples: int = 64, se
     if out.note:
         return out
     out.transitions = measure_transitions(model, task, length, n_samples, seed)
-    out.channels = channel_table(out.transitions, task.m, task.train_length).merge(
-        measure_fade(model, task, n_samples, seed), on=["block", "channel"], how="left")
+    channels = channel_table(out.transitions, task.m, task.train_length)
+    fade = measure_fade(model, task, n_samples, seed)
+    phase = measure_phase_windows(model, task, channels, n_samples, seed)
+    out.channels = channels.merge(fade, on=["block", "channel"], how="left").merge(phase, on=["block", "channel"],
+                                                                                   how="left")
     out.summary = summarize(out.channels, task.m, task.train_length)
     if controls:
         out.controls = [known_rotation_check(model, task, length, seed),
@@ -418,7 +463,10 @@ _HELP_JSON = """JSON (--json): results rows with checkpoint, label, seed, length
     the fade is reported apart), b (mean input gate), fade_400 (the product of |a_t| over a 400-token stream, median
     over the sequences: the share of the state that survives 16 x L_train at L_train 25; 1.0 exactly at |a| = 1),
     fade_win_0x_1x, fade_win_1x_2x, ... fade_win_8x_16x (the same product over each window's stream positions only:
-    the share of what the channel holds entering the window that survives to its end);
+    the share of what the channel holds entering the window that survives to its end), phase_win_0x_1x, ...
+    phase_win_8x_16x (the phase error accumulated through each window, median |sum of wrap(arg a_t - target_t)| in
+    half-sectors pi / order: below 1 a state entering the window is still on the right state at its end; NaN at
+    order 1);
   summary: block, order, channels (counting beyond 4 L_train), of, best_horizon, best_fade (that channel's), beyond;
   transition (--tokens): block, channel, token, kind (number|other), modulus, modulus_sd, phase, phase_spread, b, n.
 controls rows: known_rotation (instrument: a hand-set transition, the best the range allows, must come back as its

@@ -17,6 +17,7 @@ from probe.transitions import (
     known_rotation_check,
     main,
     measure_fade,
+    measure_phase_windows,
     measure_transitions,
     not_applicable,
     reinit_control,
@@ -219,6 +220,32 @@ def test_a_closed_ranges_hand_set_transition_comes_back_as_its_group_element_wit
     assert known_rotation_check(ssm(kind), TASK, 12)["passed"]
     fade = measure_fade(model, TASK, n_samples=4)
     assert fade[(fade.block == 0) & (fade.channel == 0)].fade_400.item() == 1.0
+
+
+@pytest.mark.parametrize("kind, delta", [("complex", 0.0), ("complex", 0.002), ("negative", 0.0)])
+def test_the_phase_error_through_a_window_is_the_offset_summed_over_its_positions_in_half_sectors(kind, delta):
+    """The hand-set exact rotation accumulates no phase error in any window; the same rotation with every token's
+    phase moved by ``delta`` accumulates delta x (hi - lo) through window (lo, hi], i.e. that over pi / 10 in
+    half-sectors of Z_10 (a window read off by a position, a target of the wrong sign or a half-sector of another
+    order misses it by far more than the 2 % allowed)."""
+    model = ssm(kind)
+    _set_known(model, TASK, channel=0, k=1 if kind == "complex" else 5)
+    if delta:
+        with torch.no_grad():
+            model.lstm_layers[0].in_proj.bias[model.lstm_layers[0].k] += delta  # channel 0's phase row
+    channels = channel_table(measure_transitions(model, TASK, 12, n_samples=8), TASK.m, TASK.train_length)
+    order = {"complex": 10, "negative": 2}[kind]
+    assert channels.set_index(["block", "channel"]).loc[(0, 0), "order"] == order
+    phase = measure_phase_windows(model, TASK, channels, n_samples=4).set_index(["block", "channel"])
+    windows = windows_for(TASK.train_length, 400)
+    for w in windows:
+        got = phase.loc[(0, 0), f"phase_win_{w.key}"]
+        if delta:
+            assert abs(got / (delta * (w.hi - w.lo) / (math.pi / order)) - 1) < 0.02
+        else:
+            assert got < 1e-3
+    orders = channels.set_index(["block", "channel"]).order
+    assert phase[orders.reindex(phase.index) == 1].isna().all().all()  # no counting: no phase to keep
 
 
 def _stepped(model, channels_pre: dict[int, torch.Tensor]) -> None:

@@ -598,6 +598,10 @@ def fade_window_table(tr: pd.DataFrame, values: pd.DataFrame, variants: list[tup
         acc = values[(values.variant == v) & values.seed.isin(measured.seed)]
         fades = [f"{measured[c].median():.3f} · {int((measured[c] >= KEEPS).sum())}/{len(measured)}" for c in cols]
         rows.append([f"`{v}`", f"Z_{order}", " ".join(map(str, measured.seed)), "its fade through the window", *fades])
+        phase = [f"phase_win_{w}" for w, *_ in WINDOWS]
+        if all(c in measured for c in phase) and measured[phase].notna().all().all():
+            rows.append(["", "", "", "its phase error through the window", *[
+                f"{measured[c].median():.2f} · {int((measured[c] < 1).sum())}/{len(measured)}" for c in phase]])
         rows.append(["", "", "", f"{label} accuracy", *[_cell(acc[_col(name, w)]) if _col(name, w) in acc else "–"
                                                         for w, *_ in WINDOWS]])
     text = (f"Where the channel loses its state: per seed, the same channel's fade through each window of positions "
@@ -605,8 +609,10 @@ def fade_window_table(tr: pd.DataFrame, values: pd.DataFrame, variants: list[tup
             f"stream's start; median over seeds · seeds keeping at least {KEEPS:g} of it), and below it the accuracy "
             f"of the factor that channel's order tracks on the same seeds (mean % · seeds at or above {pct(HOLDS)} "
             "%). The windows differ in length (L_train positions in range, 8 x L_train in (8x, 16x]); a channel of "
-            "block 0 sees one token a step, one of block 1 sees a context that leaves what training saw. Its drift "
-            "horizon is measured at L_train only, so these tables do not say whether its phase holds beyond:\n\n"
+            "block 0 sees one token a step, one of block 1 sees a context that leaves what training saw. Where the "
+            "run was read with it, the phase error the channel accumulates through each window against its fitted "
+            "rotation, in half-sectors (pi / order; median over seeds · seeds below 1, where a state entering the "
+            "window is still on the right state at its end as far as the phase goes):\n\n"
             + (table(["variant", "channel", "seeds", "measure", *[lab for _, lab, _, _ in WINDOWS]], rows) if rows
                else "No run has its fade per window measured yet."))
     if missing:

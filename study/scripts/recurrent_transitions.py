@@ -5,7 +5,8 @@ Usage: ``python study/scripts/recurrent_transitions.py RUNS [--out study/results
 RUNS is the grid's ``--out`` directory (``VARIANT/seedS/final.pt``). One row per run, block and order o (2, 5, 10 for
 m = 10): how many channels count mod o beyond 4 x L_train, the longest drift horizon of a channel of that order,
 that channel's ``fade_400`` (the share of its state that survives a 400-token stream) and ``fade_win_*`` (the share
-that survives each window of positions: in range, (1x, 2x], ... (8x, 16x]), the median ``fade_400`` over every
+that survives each window of positions: in range, (1x, 2x], ... (8x, 16x]) and ``phase_win_*`` (the phase error it
+accumulates through each window, in half-sectors: below 1 the state is still right), the median ``fade_400`` over every
 channel of the run (both blocks), and whether the run's instrument check and controls passed. Runs already in the
 file are skipped, so the script can follow a grid as it lands (rows written before a fade column existed keep it
 empty; ``--redo`` reads every run of RUNS again and replaces its rows); a run whose cell is not an SSM is not read
@@ -33,7 +34,7 @@ def _best_fades(channels: pd.DataFrame, block: int, order: int) -> dict[str, flo
     one whose horizon ``summarize`` reports), to 4 significant digits (a fade beyond the range can be 1e-30, which
     4 decimals would print as 0); NaN where the block has no channel of that order."""
     part = channels[(channels.block == block) & (channels.order == order)]
-    columns = [c for c in channels if c == "fade_400" or c.startswith("fade_win_")]
+    columns = [c for c in channels if c == "fade_400" or c.startswith(("fade_win_", "phase_win_"))]
     if not len(part):
         return dict.fromkeys(columns, float("nan"))
     best = part.loc[part.horizon.idxmax()]
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     if rows:
         out = pd.concat([done, pd.DataFrame(rows)], ignore_index=True).sort_values(["variant", "seed", "block",
                                                                                     "order"])
-        windows = [c for c in out if c.startswith("fade_win_")]  # in window order: as measure_fade writes them
+        # in window order, as probe.transitions writes them: each window's fade, then each window's phase error
+        windows = [c for c in out if c.startswith("fade_win_")] + [c for c in out if c.startswith("phase_win_")]
         at = COLUMNS.index("fade_400") + 1
         args.out.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.out.with_suffix(".tmp")

@@ -376,6 +376,7 @@ def test_the_window_fade_table_follows_each_seed_s_best_channel_beside_its_facto
         return {"variant": "ssm-negative-closed", "seed": seed, "block": block, "order": 2, "channels": 1, "of": 64,
                 "best_horizon": horizon, "beyond": 100, "fade_400": 0.0,
                 **{f"fade_win_{w}": f for (w, *_), f in zip(B.WINDOWS, fades, strict=True)},
+                **{f"phase_win_{w}": 0.1 * i * (1 if seed == 50 else 3) for i, (w, *_) in enumerate(B.WINDOWS)},
                 "median_fade_400": 0.0, "known_rotation": True, "reinit": True, "shuffled_digits": True}
 
     # block 1's channel has the longer horizon, so it is the one read; block 0's (fade 0 throughout) must not be
@@ -385,7 +386,10 @@ def test_the_window_fade_table_follows_each_seed_s_best_channel_beside_its_facto
     tr[0]["fade_400"] = 0.2
     pd.DataFrame(tr).to_csv(root / "study" / "results" / "ssm_boundary" / "transitions.csv", index=False)
     text = B.ssm_boundary_fade(root).split("Where the channel loses its state")[1]
-    fade, acc = text.split("| `ssm-negative-closed` |")[1].splitlines()[:2]
+    fade, phase, acc = text.split("| `ssm-negative-closed` |")[1].splitlines()[:3]
+    # seeds 50 and 51 accumulate 0.1 i and 0.3 i half-sectors in window i: medians 0.2 i; seed 51 passes 1 at i = 4
+    assert "| its phase error through the window | 0.00 · 2/2 | 0.20 · 2/2 | 0.40 · 2/2 | 0.60 · 2/2 | 0.80 · 1/2 |" \
+        in phase
     # medians over seeds 50 and 51 (52 was read before the columns existed): 0.85 in (1x, 2x], 0.45 in (2x, 4x]
     assert "| Z_2 | 50 51 | its fade through the window | 1.000 · 2/2 | 0.850 · 2/2 | 0.450 · 1/2 | 0.300 · 0/2 |" \
         in "|" + fade

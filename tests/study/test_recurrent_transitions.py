@@ -39,6 +39,10 @@ def test_grid_script_reads_ssm_runs_once_and_skips_other_cells(tmp_path, monkeyp
     windows = [c for c in df if c.startswith("fade_win_")]  # every window of 400 positions at L_train 5, in order
     assert windows == [f"fade_win_{k}" for k in ("0x_1x", "1x_2x", "2x_4x", "4x_8x", "8x_16x", "16x_32x")]
     assert list(df.columns).index("fade_400") + 1 == list(df.columns).index(windows[0])
+    phases = [c for c in df if c.startswith("phase_win_")]  # each window's phase error, right after the fades
+    assert phases == [w.replace("fade_", "phase_") for w in windows]
+    assert list(df.columns).index(phases[0]) == list(df.columns).index(windows[-1]) + 1
+    assert (df[phases].isna() | (df[phases] >= 0)).all().all()
     assert df[windows].notna().sum(axis=1).eq(df.fade_400.notna() * len(windows)).all()
     assert (df[windows].isna() | (df[windows] >= 0) & (df[windows] <= 1)).all().all()
     before = out.read_text()
@@ -62,7 +66,7 @@ def test_redo_reads_the_runs_again_and_fills_a_column_written_before_it_existed(
     assert recurrent_transitions.main([str(runs), "--out", str(out), "--samples", "8"]) == 0
     full = pd.read_csv(out)
     # as written before the window columns existed, beside another grid's run that RUNS does not hold
-    old = full.drop(columns=[c for c in full if c.startswith("fade_win_")])
+    old = full.drop(columns=[c for c in full if c.startswith(("fade_win_", "phase_win_"))])
     other = old.assign(variant="ssm-positive", fade_400=0.5)
     pd.concat([old, other]).to_csv(out, index=False)
     assert recurrent_transitions.main([str(runs), "--out", str(out), "--samples", "8"]) == 0
