@@ -576,11 +576,34 @@ ORDER_FACTOR = {2: "state_mod2", 5: "state_mod5", 10: "state"}
 """The factor of the running sum a channel of each order tracks (Z_2, Z_5, Z_10)."""
 
 
+def loss_reasons(best: pd.DataFrame, acc: pd.DataFrame, name: str) -> dict[str, list[int]]:
+    """Per seed (``best``: its channel's row, with fade_win_* and phase_win_*; ``acc``: its windows), what the channel
+    did in the first window beyond L_train where the seed's ``name`` falls below HOLDS: ``phase`` (its phase error
+    through the window reached a half-sector, its modulus kept at least KEEPS), ``modulus`` (it kept less than KEEPS,
+    its phase below a half-sector), ``both``, ``neither`` (the channel read kept the state there: the loss is
+    elsewhere), or ``holds`` (the seed never falls below HOLDS to 16x); seeds without the windows are left out."""
+    out: dict[str, list[int]] = {k: [] for k in ("phase", "modulus", "both", "neither", "holds")}
+    by_seed = acc.set_index("seed")
+    for r in best.itertuples(index=False):
+        if r.seed not in by_seed.index:
+            continue
+        lost = next((w for w, *_ in WINDOWS[1:] if by_seed.at[r.seed, _col(name, w)] < HOLDS), None)
+        if lost is None:
+            out["holds"].append(int(r.seed))
+            continue
+        phase, fade = getattr(r, f"phase_win_{lost}"), getattr(r, f"fade_win_{lost}")
+        if not (np.isfinite(phase) and np.isfinite(fade)):
+            continue
+        key = {(True, True): "both", (True, False): "phase", (False, True): "modulus", (False, False): "neither"}
+        out[key[(phase >= 1, fade < KEEPS)]].append(int(r.seed))
+    return out
+
+
 def fade_window_table(tr: pd.DataFrame, values: pd.DataFrame, variants: list[tuple[str, int]]) -> str:
     """Where each counting channel loses its state, beside where its factor is lost: per variant and order, over the
     seeds whose windows of fade were measured, each window's median fade through it · seeds whose channel keeps at
     least KEEPS of it, and the factor's accuracy there (mean · seeds at or above HOLDS) on the same seeds."""
-    rows, missing = [], []
+    rows, missing, reasons = [], [], []
     for v, order in variants:
         best = _best_channels(tr, v, order)
         cols = [f"fade_win_{w}" for w, *_ in WINDOWS]
@@ -602,6 +625,8 @@ def fade_window_table(tr: pd.DataFrame, values: pd.DataFrame, variants: list[tup
         if all(c in measured for c in phase) and measured[phase].notna().all().all():
             rows.append(["", "", "", "its phase error through the window", *[
                 f"{measured[c].median():.2f} · {int((measured[c] < 1).sum())}/{len(measured)}" for c in phase]])
+            why = loss_reasons(measured, acc, name)
+            reasons.append([f"`{v}`", label, *[" ".join(map(str, why[k])) or "–" for k in why]])
         rows.append(["", "", "", f"{label} accuracy", *[_cell(acc[_col(name, w)]) if _col(name, w) in acc else "–"
                                                         for w, *_ in WINDOWS]])
     text = (f"Where the channel loses its state: per seed, the same channel's fade through each window of positions "
@@ -615,6 +640,13 @@ def fade_window_table(tr: pd.DataFrame, values: pd.DataFrame, variants: list[tup
             "window is still on the right state at its end as far as the phase goes):\n\n"
             + (table(["variant", "channel", "seeds", "measure", *[lab for _, lab, _, _ in WINDOWS]], rows) if rows
                else "No run has its fade per window measured yet."))
+    if reasons:
+        text += (f"\n\nPer seed, in the first window beyond L_train where the seed's factor falls below {pct(HOLDS)} "
+                 f"%, what its channel did there: its phase error reached a half-sector (its modulus kept at least "
+                 f"{KEEPS:g}), its modulus kept less than {KEEPS:g} (its phase within a half-sector), both, or "
+                 "neither (the channel read kept the state there, so the loss lies elsewhere: another channel, or "
+                 "the readout):\n\n" + table(["variant", "factor", "the phase", "the modulus", "both", "neither",
+                                               "held to 16x"], reasons))
     if missing:
         text += ("\n\nNo fade per window measured (read before the columns existed; their checkpoints are not in "
                  "this checkout): " + ", ".join(missing) + ".")

@@ -426,3 +426,23 @@ def test_run_gaps_that_cancel_over_runs_keep_the_estimate_and_a_shift_shared_by_
     _write(root, "ssm_complex10", runs[:2])
     text = B.ssm_complex10(root)
     assert "fewer than the 3 the bias test needs" in text and "estimated seeds are therefore left out" in text
+
+
+def test_each_seed_s_loss_is_put_on_what_its_channel_did_in_the_window_where_it_is_lost(B):
+    # seed 1 loses the state in (2x, 4x], where its phase passed a half-sector; seed 2 in (4x, 8x], where its modulus
+    # fell; seed 3 in (1x, 2x] with both; seed 4 in (2x, 4x] with neither (its (4x, 8x] would read "both": the first
+    # lost window is the one read); seed 5 holds to 16x
+    first = {1: "2x_4x", 2: "4x_8x", 3: "1x_2x", 4: "2x_4x", 5: None}
+    did = {1: (1.5, 0.9), 2: (0.2, 0.1), 3: (2.0, 0.0), 4: (0.5, 0.9), 5: (0.1, 1.0)}
+    best, acc = [], []
+    for seed, lost in first.items():
+        row = {"seed": seed, **{f"phase_win_{w}": 9.0 for w, *_ in B.WINDOWS}, **{f"fade_win_{w}": 0.0
+                                                                               for w, *_ in B.WINDOWS}}
+        if lost:
+            row[f"phase_win_{lost}"], row[f"fade_win_{lost}"] = did[seed]
+        best.append(row)
+        ws = [w for w, *_ in B.WINDOWS]
+        cut = ws.index(lost) if lost else len(ws)
+        acc.append({"seed": seed, **{f"state_win_{w}": 1.0 if i < cut else 0.3 for i, w in enumerate(ws)}})
+    why = B.loss_reasons(pd.DataFrame(best), pd.DataFrame(acc), "state")
+    assert why == {"phase": [1], "modulus": [2], "both": [3], "neither": [4], "holds": [5]}
