@@ -33,10 +33,11 @@ import pandas as pd
 import scipy.stats as sps
 import tomllib
 from doc_blocks_dense import _e
-from doc_format import pct, results_dir, table
+from doc_format import col, grid_of, pct, results_dir, table
 from realstep_lookahead import ROLLOUT, STEPS
 
 from probe.gradients.realstep import Z_DETECT, RealStepConfig
+from probe.windows import window_key
 
 REALSTEP = ("gradients", "realstep")
 FILES = ("realstep", "verdicts", "rollout", "checks")
@@ -60,6 +61,12 @@ REQUIRED = ("realstep_parts_sum", "realstep_matched_random", "realstep_matches_a
 """The instrument checks every snapshot of realstep_lookahead.py carries (rollout_reproduces_run only where the
 trajectory holds the snapshot ROLLOUT steps later): a snapshot missing one has not passed it."""
 RUN = ["variant", "seed"]
+RUNS_GRID = "realstep"
+"""The grid's own runs, collected by ``study/scripts/collect_grid.sh realstep`` into study/results/realstep."""
+POSITIONS = ("in range", "(1x, 2x]", "(2x, 4x]", "(4x, 8x]", "(8x, 16x]")
+FORMED = 0.90
+"""In-range state accuracy (at L, evaluated during training every 250 steps) from which the counter is read as
+formed: the step where a run first reaches it places the lookahead's windows of steps in that run's own time."""
 SNAPSHOT = ["variant", "seed", "step"]
 
 RULE = (
@@ -383,7 +390,44 @@ def realstep_statement(root: Path) -> str:
                                              f"{', '.join(clear)}." if clear else ""))
 
 
+def _formed_at(training: pd.DataFrame) -> str:
+    """The first evaluated step whose in-range state accuracy reaches FORMED, or '–' when none does."""
+    if "state_acc_1x" not in training:
+        return "–"
+    at = training[training.state_acc_1x >= FORMED].step
+    return "–" if at.empty else str(int(at.min()))
+
+
+def realstep_runs(root: Path) -> str:
+    """The grid's runs themselves: per seed, the state and its factors in each window of positions at the end of
+    training (the metric of record), the step where the in-range state first reached FORMED, and the final
+    training loss, so that each run's lookahead is read beside its own cliff and its own time."""
+    if not (results_dir(root) / RUNS_GRID / "runs.jsonl").is_file():
+        return ("Not run yet: `python -m probe.sweep study/sweeps/realstep.toml --out runs/realstep && "
+                "study/scripts/collect_grid.sh realstep`.")
+    grid = grid_of(root, RUNS_GRID)
+    runs = grid.runs.sort_values(["variant", "seed"])
+    training = grid.training
+    rows = []
+    for r in runs.itertuples(index=False):
+        mine = training[(training.variant == r.variant) & (training.seed == r.seed)].sort_values("step") \
+            if len(training) else pd.DataFrame()
+        last = mine.loss.iloc[-1] if len(mine) and "loss" in mine else float("nan")
+        for factor, name in (("state", "state (mod 10)"), ("state_mod2", "parity"), ("state_mod5", "mod 5")):
+            cells = [pct(col(runs, f"{factor}_win_{window_key(w)}")[runs.seed == r.seed].iloc[0]) for w in POSITIONS]
+            head = [_run_name(r.variant, r.seed), _formed_at(mine), f"{last:.4f}" if np.isfinite(last) else "–"] \
+                if factor == "state" else ["", "", ""]
+            chance = grid.windows[grid.windows.subtask == factor].chance if len(grid.windows) else pd.Series()
+            rows.append([*head, name, *cells, pct(chance.iloc[0]) if len(chance) else "–"])
+    return (f"Each run at the end of training (step {int(runs.steps.max())}), token accuracy (%) per window of "
+            f"positions, and the first evaluated step (every 250) where its in-range state reached "
+            f"{pct(FORMED)} %:\n\n"
+            + table(["run", f"in range >= {pct(FORMED)} % from step", "final training loss", "factor", *POSITIONS,
+                     "chance"], rows))
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
+    "realstep-runs": realstep_runs,
     "realstep-checks": realstep_checks,
     "realstep-windows": realstep_windows,
     "realstep-steps": realstep_steps,

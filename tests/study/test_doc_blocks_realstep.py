@@ -225,7 +225,9 @@ def test_a_snapshot_measured_twice_does_not_break_its_stretch(S, tmp_path):
 def test_before_the_grid_every_block_names_its_command(S, tmp_path):
     for name, text in blocks(S, tmp_path).items():
         assert text.startswith("Not run yet: `python -m probe.sweep study/sweeps/realstep.toml"), name
-        assert "study/scripts/realstep_lookahead.py runs/realstep/joint/seed{40,41,42,43,44}" in text, name
+        then = "study/scripts/collect_grid.sh realstep" if name == "realstep-runs" else \
+            "study/scripts/realstep_lookahead.py runs/realstep/joint/seed{40,41,42,43,44}"
+        assert then in text, name
 
 
 def _words(text: str) -> str:
@@ -244,3 +246,43 @@ def test_the_rule_is_written_verbatim_in_the_module_and_the_doc_and_its_numbers_
     assert f"{tests} x q^{M.K} = {tests * M.Q_NULL ** M.K:.3f}" in rule
     assert f"{grid_runs * len(WINDOWS)} x q = {grid_runs * len(WINDOWS) * M.Q_NULL:.1f}" in rule
     assert f"at least {M.K} consecutive" in rule and R.ROLLOUT == 50 and M.GAP == 50
+
+
+def _runs_rows(text: str) -> dict[tuple[str, str], list[str]]:
+    """The realstep-runs table as (run, factor) -> its cells, the run carried down to its factor rows."""
+    out, run = {}, ""
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if not line.startswith("| ") or cells[0] == "run" or len(cells) < 5:
+            continue
+        run = cells[0] or run
+        out[(run, cells[3])] = cells
+    return out
+
+
+def test_the_runs_block_reads_each_window_and_when_the_counter_formed(S, tmp_path):
+    """The runs' block against the committed grid copied and edited: each window's cell is windows.csv's right / asked
+    for that seed and window (another route than the summary columns the block reads), and the step where the in-range
+    state first reaches 90 % moves with the training log (an edited seed forms at 750, another never does)."""
+    src = ROOT / "study" / "results" / "realstep"
+    dst = tmp_path / "study" / "results" / "realstep"
+    dst.mkdir(parents=True)
+    for f in ("runs.jsonl", "curves.csv", "windows.csv", "training.csv"):
+        (dst / f).write_bytes((src / f).read_bytes())
+    training = pd.read_csv(dst / "training.csv")
+    training.loc[training.seed == 40, "state_acc_1x"] = training.loc[training.seed == 40, "step"].map(
+        lambda s: 0.95 if s >= 750 else 0.5)
+    training.loc[training.seed == 41, "state_acc_1x"] = 0.89
+    training.to_csv(dst / "training.csv", index=False)
+    rows = _runs_rows(S[1].realstep_runs(tmp_path))
+    assert rows[("`joint` seed 40", "state (mod 10)")][1] == "750"
+    assert rows[("`joint` seed 41", "state (mod 10)")][1] == "–"
+    windows = pd.read_csv(src / "windows.csv")
+    header = ["in range", "(1x, 2x]", "(2x, 4x]", "(4x, 8x]", "(8x, 16x]"]
+    for seed in (42, 43):
+        for factor, subtask in (("state (mod 10)", "state"), ("parity", "state_mod2"), ("mod 5", "state_mod5")):
+            cells = rows[(f"`joint` seed {seed}", factor)]
+            for i, window in enumerate(header):
+                w = windows[(windows.seed == seed) & (windows.window == window) & (windows.subtask == subtask)]
+                assert cells[4 + i] == f"{100 * w.right.iloc[0] / w.n_tokens.iloc[0]:.1f}", (seed, factor, window)
+    assert S[1].realstep_runs(tmp_path / "elsewhere").startswith("Not run yet")
