@@ -49,9 +49,9 @@ if TYPE_CHECKING:
     from probe.models import HookedSequenceModel
     from probe.tasks import TaskConfig
 
-__all__ = ["TransitionResult", "analyze", "channel_table", "known_rotation_check", "main", "measure_fade",
+__all__ = ["Stream", "TransitionResult", "analyze", "channel_table", "known_rotation_check", "main", "measure_fade",
            "measure_phase_windows", "measure_transitions", "not_applicable", "plot_channels", "reinit_control",
-           "reinitialised", "shuffled_digits_control", "summarize"]
+           "reinitialised", "sample_stream", "shuffled_digits_control", "summarize"]
 
 HORIZON = 4
 """A channel counts "beyond the training range" when its drift horizon reaches HORIZON x L_train (its fade is
@@ -122,9 +122,48 @@ def measure_transitions(model: HookedSequenceModel, task: TaskConfig, length: in
     return pd.DataFrame(rows)
 
 
+@dataclass
+class Stream:
+    """One forward pass over ``n_samples`` sampled sequences of ``steps`` stream tokens: the tokens and every gate
+    hook of every SSM (``hook_a`` among them), which ``measure_fade`` and ``measure_phase_windows`` both read, so that
+    ``analyze`` runs the long sequences once. ``cache`` is None where the model's learned position table is too short
+    for the dictionary prefix and ``steps`` tokens."""
+
+    tokens: torch.Tensor
+    cache: Any
+    n_samples: int
+    seed: int
+    steps: int
+
+
+@torch.no_grad()
+def sample_stream(model: HookedSequenceModel, task: TaskConfig, n_samples: int = 64, seed: int = 0,
+                  steps: int = FADE_STEPS) -> Stream:
+    """``Stream``: ``task.sample(steps, n_samples, seed)`` run once through ``model`` with every SSM gate cached."""
+    reason = not_applicable(model)
+    if reason:
+        raise ProbeError(reason)
+    tokens = task.sample(steps, n_samples, seed).tokens.to(next(model.parameters()).device)
+    if model.cfg.pos_encoding == "learned" and task.prefix_len + steps > model.cfg.max_len:
+        return Stream(tokens, None, n_samples, seed, steps)
+    names = {f"blocks.{i}.lstm.hook_{g}" for i, layer in enumerate(model.lstm_layers) for g in layer.GATES}
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    return Stream(tokens, cache, n_samples, seed, steps)
+
+
+def _stream(model: HookedSequenceModel, task: TaskConfig, n_samples: int, seed: int, steps: int,
+            stream: Stream | None) -> Stream:
+    if stream is None:
+        return sample_stream(model, task, n_samples, seed, steps)
+    if (stream.n_samples, stream.seed, stream.steps) != (n_samples, seed, steps):
+        raise ProbeError(f"the stream given was sampled with n_samples {stream.n_samples}, seed {stream.seed}, steps "
+                         f"{stream.steps}, not {n_samples}, {seed}, {steps}")
+    return stream
+
+
 @torch.no_grad()
 def measure_fade(model: HookedSequenceModel, task: TaskConfig, n_samples: int = 64, seed: int = 0,
-                 steps: int = FADE_STEPS) -> pd.DataFrame:
+                 steps: int = FADE_STEPS, stream: Stream | None = None) -> pd.DataFrame:
     """One row per (block, channel): ``fade_400``, how much of the channel's state survives a stream of ``steps``
     tokens -- the product of |a_t| over the stream positions of a sampled sequence of that length (the factor that
     multiplies whatever the state held before the stream, whatever is written meanwhile), the median over
@@ -137,23 +176,19 @@ def measure_fade(model: HookedSequenceModel, task: TaskConfig, n_samples: int = 
     the module computes it (a_t for the real ranges, the modulus r_t for the complex ones, so not |r e^{iθ}| rounded
     again), multiplied in float64: exactly 1.0 for a channel whose every modulus is 1, 0.0 where the product
     underflows (a channel that forgets). NaN where the model's learned position table is too short for the
-    dictionary prefix and ``steps`` tokens."""
-    reason = not_applicable(model)
-    if reason:
-        raise ProbeError(reason)
+    dictionary prefix and ``steps`` tokens. ``stream`` (``sample_stream`` with the same n_samples, seed and steps)
+    reuses a forward pass already run."""
+    stream = _stream(model, task, n_samples, seed, steps, stream)
     layers = model.lstm_layers
-    cfg = model.cfg
     windows = windows_for(task.train_length, steps)
     columns = ["fade_400"] + [f"fade_win_{w.key}" for w in windows]
-    if cfg.pos_encoding == "learned" and task.prefix_len + steps > cfg.max_len:
+    if stream.cache is None:
         return pd.DataFrame([{"block": i, "channel": c, **dict.fromkeys(columns, math.nan)}
                              for i, layer in enumerate(layers) for c in range(layer.k)])
-    tokens = task.sample(steps, n_samples, seed).tokens.to(next(model.parameters()).device)
-    names = [f"blocks.{i}.lstm.hook_a" for i in range(len(layers))]
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
     rows = []
-    for i, name in enumerate(names):
-        modulus = cache[name][:, task.prefix_len:].double().abs()  # (sequences, stream positions, channels)
+    for i in range(len(layers)):
+        # (sequences, stream positions, channels)
+        modulus = stream.cache[f"blocks.{i}.lstm.hook_a"][:, task.prefix_len:].double().abs()
         spans = [slice(None)] + [slice(w.lo, w.hi) for w in windows]
         medians = [torch.quantile(modulus[:, span].prod(dim=1), 0.5, dim=0).cpu().tolist() for span in spans]
         rows += [{"block": i, "channel": c, **{col: float(m[c]) for col, m in zip(columns, medians, strict=True)}}
@@ -161,8 +196,9 @@ def measure_fade(model: HookedSequenceModel, task: TaskConfig, n_samples: int = 
     return pd.DataFrame(rows)
 
 
+@torch.no_grad()
 def measure_phase_windows(model: HookedSequenceModel, task: TaskConfig, channels: pd.DataFrame, n_samples: int = 64,
-                          seed: int = 0, steps: int = FADE_STEPS) -> pd.DataFrame:
+                          seed: int = 0, steps: int = FADE_STEPS, stream: Stream | None = None) -> pd.DataFrame:
     """One row per (block, channel) of ``channels`` (``channel_table``'s: its fitted k and order): for every complete
     window of a ``steps``-token stream, ``phase_win_{lo}x_{hi}x``, the phase error the channel accumulates through the
     window's positions, in half-sectors: |sum over the window of wrap(arg a_t - target_t)| / (pi / order), target_t
@@ -170,25 +206,20 @@ def measure_phase_windows(model: HookedSequenceModel, task: TaskConfig, channels
     entering the window is still on the right one of the order's states at its end, as far as the phase goes (its
     fade is ``measure_fade``'s); NaN for a channel of order 1 (no counting) and where the model's learned position
     table is too short. ``channel_table``'s drift horizon predicts this from the transitions at one length; this
-    measures it where the context leaves what training saw."""
-    reason = not_applicable(model)
-    if reason:
-        raise ProbeError(reason)
+    measures it where the context leaves what training saw. ``stream`` as for ``measure_fade``."""
+    stream = _stream(model, task, n_samples, seed, steps, stream)
     layers = model.lstm_layers
     windows = windows_for(task.train_length, steps)
     columns = [f"phase_win_{w.key}" for w in windows]
     fitted = channels.set_index(["block", "channel"])
     keys = [(i, c) for i, layer in enumerate(layers) for c in range(layer.k)]
-    if model.cfg.pos_encoding == "learned" and task.prefix_len + steps > model.cfg.max_len:
+    if stream.cache is None:
         return pd.DataFrame([{"block": i, "channel": c, **dict.fromkeys(columns, math.nan)} for i, c in keys])
-    tokens = task.sample(steps, n_samples, seed).tokens.to(next(model.parameters()).device)
-    names = [f"blocks.{i}.lstm.hook_{g}" for i, layer in enumerate(layers) for g in layer.GATES]
-    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
-    stream = tokens[:, task.prefix_len:].cpu().double()  # (sequences, positions)
-    digit = torch.where(stream < task.m, stream, torch.zeros_like(stream))
+    numbers = stream.tokens[:, task.prefix_len:].cpu().double()  # (sequences, positions)
+    digit = torch.where(numbers < task.m, numbers, torch.zeros_like(numbers))
     rows = []
     for i, layer in enumerate(layers):
-        gates = [cache[f"blocks.{i}.lstm.hook_{g}"][:, task.prefix_len:].double() for g in layer.GATES]
+        gates = [stream.cache[f"blocks.{i}.lstm.hook_{g}"][:, task.prefix_len:].double() for g in layer.GATES]
         phase = torch.angle(layer.transition(gates)).cpu()  # (sequences, positions, channels); real: 0 or pi
         for c in range(layer.k):
             k, order = (int(x) for x in fitted.loc[(i, c), ["k", "order"]])
@@ -422,8 +453,9 @@ def analyze(path: str | Path, length: int | None = None, n_samples: int = 64, se
         return out
     out.transitions = measure_transitions(model, task, length, n_samples, seed)
     channels = channel_table(out.transitions, task.m, task.train_length)
-    fade = measure_fade(model, task, n_samples, seed)
-    phase = measure_phase_windows(model, task, channels, n_samples, seed)
+    stream = sample_stream(model, task, n_samples, seed)  # one pass over the long sequences serves both
+    fade = measure_fade(model, task, n_samples, seed, stream=stream)
+    phase = measure_phase_windows(model, task, channels, n_samples, seed, stream=stream)
     out.channels = channels.merge(fade, on=["block", "channel"], how="left").merge(phase, on=["block", "channel"],
                                                                                    how="left")
     out.summary = summarize(out.channels, task.m, task.train_length)

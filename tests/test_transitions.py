@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from probe.checkpoint import checkpoint_from_model, save_checkpoint
+from probe.errors import ProbeError
 from probe.tasks import make_task
 from probe.transitions import (
     _set_known,
@@ -305,3 +306,33 @@ def test_fade_400_of_a_closed_channel_is_1_where_the_open_range_fades_and_analyz
         fades[kind] = r.channels[(r.channels.block == 0) & (r.channels.channel == 0)].fade_400.item()
     assert fades["positive-closed"] == 1.0
     assert abs(fades["positive"] - math.exp(-400 * math.log1p(math.exp(-7.0)))) < 1e-3
+
+
+def test_analyze_runs_the_long_stream_once_and_reads_the_same_columns_as_two_passes(tmp_path, monkeypatch):
+    """measure_fade and measure_phase_windows share one forward pass over the 400-token stream in ``analyze``
+    (``sample_stream``): the columns equal those of the two functions each running its own pass, and the long
+    sequences go through the model once. A stream sampled with other settings is refused, not silently read."""
+    from probe.models.hooked import HookedSequenceModel
+    from probe.transitions import FADE_STEPS, sample_stream
+
+    model = ssm("complex", seed=3)
+    path = save_checkpoint(tmp_path / "c.pt", checkpoint_from_model(model, TASK))
+    lengths = []
+    original = HookedSequenceModel.run_with_cache
+
+    def counted(self, tokens, *args, **kwargs):
+        lengths.append(tokens.shape[1])
+        return original(self, tokens, *args, **kwargs)
+
+    monkeypatch.setattr(HookedSequenceModel, "run_with_cache", counted)
+    r = analyze(path, n_samples=4, controls=False)
+    assert lengths.count(TASK.prefix_len + FADE_STEPS) == 1
+    monkeypatch.undo()
+    fade = measure_fade(model.eval(), TASK, n_samples=4)
+    phase = measure_phase_windows(model, TASK, channel_table(r.transitions, TASK.m, TASK.train_length), n_samples=4)
+    separate = fade.merge(phase, on=["block", "channel"])
+    shared = r.channels[separate.columns]
+    assert shared.shape == separate.shape and (shared.isna() == separate.isna()).all().all()
+    assert ((shared.fillna(0) - separate.fillna(0)).abs().to_numpy().max()) < 1e-9
+    with pytest.raises(ProbeError, match="seed 1"):
+        measure_fade(model, TASK, n_samples=4, seed=0, stream=sample_stream(model, TASK, n_samples=4, seed=1))
