@@ -16,6 +16,7 @@ state accuracy alone cannot say which. Chance floors: 1/m for the state, 1/q for
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -75,9 +76,14 @@ def window_key(name: str) -> str:
     number a window (``0x_1x``, ``4x_8x``: ``state_win_4x_8x`` in a run's summary)."""
     if name == "in range":
         return "0x_1x"
-    if not (name.startswith("(") and name.endswith("x]") and ", " in name):
-        raise ProbeError(f"{name!r} is not a window name (in range, or (Ax, Bx])")
-    return name[1:-1].replace(", ", "_")
+    match = re.fullmatch(r"\((\d+)x, (\d+)x\]", name)
+    lo, hi = (int(match[1]), int(match[2])) if match else (0, 0)
+    # windows_for names only consecutive multiples: (2x, 8x] would key a column no report writes
+    if not match or lo not in WINDOW_MULTIPLES or hi not in WINDOW_MULTIPLES or WINDOW_MULTIPLES.index(hi) != \
+            WINDOW_MULTIPLES.index(lo) + 1:
+        raise ProbeError(f"{name!r} is not a window name (in range, or (Ax, Bx] with B the multiple after A in "
+                         f"{', '.join(map(str, WINDOW_MULTIPLES))})")
+    return f"{lo}x_{hi}x"
 
 
 def windows_for(train_length: int, max_length: int) -> list[Window]:

@@ -104,5 +104,8 @@ def test_a_window_s_key_is_the_suffix_of_its_summary_column_and_a_bad_name_is_re
     from probe.windows import window_key
 
     assert [w.key for w in windows_for(25, 400)] == ["0x_1x", "1x_2x", "2x_4x", "4x_8x", "8x_16x"]
-    with pytest.raises(ProbeError, match="not a window name"):
-        window_key("(4x, 8x)")
+    assert [window_key(w.name) for w in windows_for(25, 800)] == ["0x_1x", "1x_2x", "2x_4x", "4x_8x", "8x_16x",
+                                                                    "16x_32x"]
+    for bad in ("(4x, 8x)", "(2x, 8x]", "(3x, 4x]", "(8x, 4x]", "(ax, 2x]", "(1x,2x]", "(32x, 64x]"):
+        with pytest.raises(ProbeError, match="not a window name"):
+            window_key(bad)
