@@ -158,6 +158,9 @@ def _stream(model: HookedSequenceModel, task: TaskConfig, n_samples: int, seed: 
     if (stream.n_samples, stream.seed, stream.steps) != (n_samples, seed, steps):
         raise ProbeError(f"the stream given was sampled with n_samples {stream.n_samples}, seed {stream.seed}, steps "
                          f"{stream.steps}, not {n_samples}, {seed}, {steps}")
+    if stream.tokens.shape[1] != task.prefix_len + steps:
+        raise ProbeError(f"the stream given holds sequences of {stream.tokens.shape[1]} tokens, not this task's "
+                         f"{task.prefix_len} + {steps}: it was sampled from another task")
     return stream
 
 

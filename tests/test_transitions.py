@@ -336,3 +336,7 @@ def test_analyze_runs_the_long_stream_once_and_reads_the_same_columns_as_two_pas
     assert ((shared.fillna(0) - separate.fillna(0)).abs().to_numpy().max()) < 1e-9
     with pytest.raises(ProbeError, match="seed 1"):
         measure_fade(model, TASK, n_samples=4, seed=0, stream=sample_stream(model, TASK, n_samples=4, seed=1))
+    other = make_task("interleaved", train_length=5, n_pairs=TASK.n_pairs - 2)  # a shorter dictionary prefix
+    assert other.prefix_len != TASK.prefix_len
+    with pytest.raises(ProbeError, match="another task"):
+        measure_fade(model, TASK, n_samples=4, stream=sample_stream(model, other, n_samples=4))

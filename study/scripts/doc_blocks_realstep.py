@@ -25,6 +25,7 @@ each from its own step's training batch, differ between snapshots.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +34,7 @@ import pandas as pd
 import scipy.stats as sps
 import tomllib
 from doc_blocks_dense import _e
-from doc_format import col, grid_of, pct, results_dir, table
+from doc_format import grid_of, pct, results_dir, table
 from realstep_lookahead import ROLLOUT, STEPS
 
 from probe.gradients.realstep import Z_DETECT, RealStepConfig
@@ -399,31 +400,33 @@ def _formed_at(training: pd.DataFrame) -> str:
 
 
 def realstep_runs(root: Path) -> str:
-    """The grid's runs themselves: per seed, the state and its factors in each window of positions at the end of
-    training (the metric of record), the step where the in-range state first reached FORMED, and the final
+    """The grid's runs themselves: per run, the state and its factors in each window of positions at the end of
+    training (the metric of record), the first evaluated step where its state at L reached FORMED, and the final
     training loss, so that each run's lookahead is read beside its own cliff and its own time."""
     if not (results_dir(root) / RUNS_GRID / "runs.jsonl").is_file():
         return ("Not run yet: `python -m probe.sweep study/sweeps/realstep.toml --out runs/realstep && "
                 "study/scripts/collect_grid.sh realstep`.")
     grid = grid_of(root, RUNS_GRID)
-    runs = grid.runs.sort_values(["variant", "seed"])
-    training = grid.training
+    if grid.runs.empty:
+        return "The grid's results hold no run yet."
+    training, windows = grid.training, grid.windows
     rows = []
-    for r in runs.itertuples(index=False):
-        mine = training[(training.variant == r.variant) & (training.seed == r.seed)].sort_values("step") \
+    for run in grid.runs.sort_values(["variant", "seed"]).to_dict("records"):
+        mine = training[(training.variant == run["variant"]) & (training.seed == run["seed"])].sort_values("step") \
             if len(training) else pd.DataFrame()
-        last = mine.loss.iloc[-1] if len(mine) and "loss" in mine else float("nan")
+        last = float(mine.loss.iloc[-1]) if len(mine) and "loss" in mine else math.nan
         for factor, name in (("state", "state (mod 10)"), ("state_mod2", "parity"), ("state_mod5", "mod 5")):
-            cells = [pct(col(runs, f"{factor}_win_{window_key(w)}")[runs.seed == r.seed].iloc[0]) for w in POSITIONS]
-            head = [_run_name(r.variant, r.seed), _formed_at(mine), f"{last:.4f}" if np.isfinite(last) else "–"] \
-                if factor == "state" else ["", "", ""]
-            chance = grid.windows[grid.windows.subtask == factor].chance if len(grid.windows) else pd.Series()
+            cells = [pct(run.get(f"{factor}_win_{window_key(w)}", math.nan)) for w in POSITIONS]
+            head = [_run_name(run["variant"], run["seed"]), _formed_at(mine),
+                    f"{last:.4f}" if math.isfinite(last) else "–"] if factor == "state" else ["", "", ""]
+            chance = windows[windows.subtask == factor].chance if len(windows) else pd.Series(dtype=float)
             rows.append([*head, name, *cells, pct(chance.iloc[0]) if len(chance) else "–"])
-    return (f"Each run at the end of training (step {int(runs.steps.max())}), token accuracy (%) per window of "
-            f"positions, and the first evaluated step (every 250) where its in-range state reached "
-            f"{pct(FORMED)} %:\n\n"
-            + table(["run", f"in range >= {pct(FORMED)} % from step", "final training loss", "factor", *POSITIONS,
-                     "chance"], rows))
+    steps = grid.runs.steps.max() if "steps" in grid.runs else math.nan
+    return (f"Each run at the end of training (step {int(steps) if math.isfinite(steps) else '–'}): token accuracy "
+            f"(%) per window of positions; and the first step, of those evaluated during training (every 250), where "
+            f"its state accuracy at L reached {pct(FORMED)} % (it may dip below again later):\n\n"
+            + table(["run", f"first step with state >= {pct(FORMED)} % at L", "final training loss", "factor",
+                     *POSITIONS, "chance"], rows))
 
 
 BLOCKS: dict[str, Callable[[Path], str]] = {

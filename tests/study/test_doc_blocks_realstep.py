@@ -262,8 +262,11 @@ def _runs_rows(text: str) -> dict[tuple[str, str], list[str]]:
 
 def test_the_runs_block_reads_each_window_and_when_the_counter_formed(S, tmp_path):
     """The runs' block against the committed grid copied and edited: each window's cell is windows.csv's right / asked
-    for that seed and window (another route than the summary columns the block reads), and the step where the in-range
-    state first reaches 90 % moves with the training log (an edited seed forms at 750, another never does)."""
+    for that run and window (another route than the summary columns the block reads), a second variant on the same
+    seeds keeps its own numbers, the first step whose state at L reaches 90 % moves with the training log (exactly 0.90
+    counts, 0.899 does not), and the final training loss and each factor's chance floor are read."""
+    import json
+
     src = ROOT / "study" / "results" / "realstep"
     dst = tmp_path / "study" / "results" / "realstep"
     dst.mkdir(parents=True)
@@ -271,13 +274,31 @@ def test_the_runs_block_reads_each_window_and_when_the_counter_formed(S, tmp_pat
         (dst / f).write_bytes((src / f).read_bytes())
     training = pd.read_csv(dst / "training.csv")
     training.loc[training.seed == 40, "state_acc_1x"] = training.loc[training.seed == 40, "step"].map(
-        lambda s: 0.95 if s >= 750 else 0.5)
-    training.loc[training.seed == 41, "state_acc_1x"] = 0.89
-    training.to_csv(dst / "training.csv", index=False)
+        lambda s: 0.90 if s >= 750 else 0.5)
+    training.loc[training.seed == 41, "state_acc_1x"] = 0.899
+    other = training[training.seed == 42].assign(variant="other", loss=9.9, state_acc_1x=0.95)
+    pd.concat([training, other]).to_csv(dst / "training.csv", index=False)
+    # a second variant on seed 42 that answers nothing right beyond range: a block reading by seed alone shows it
+    windows = pd.read_csv(src / "windows.csv")
+    w42 = windows[windows.seed == 42].assign(variant="other")
+    w42.loc[w42.beyond, "right"] = 0
+    pd.concat([windows, w42]).to_csv(dst / "windows.csv", index=False)
+    curves = pd.read_csv(src / "curves.csv")
+    pd.concat([curves, curves[curves.seed == 42].assign(variant="other")]).to_csv(dst / "curves.csv", index=False)
+    lines = (src / "runs.jsonl").read_text().splitlines()
+    run42 = json.loads(next(line for line in lines if json.loads(line)["seed"] == 42))
+    zeroed = {k: 0.0 for k in run42 if "_win_" in k and not k.endswith("_win_0x_1x")}
+    (dst / "runs.jsonl").write_text("\n".join(lines + [json.dumps({**run42, **zeroed, "variant": "other",
+                                                                   "run": "other/seed42"})]) + "\n")
     rows = _runs_rows(S[1].realstep_runs(tmp_path))
     assert rows[("`joint` seed 40", "state (mod 10)")][1] == "750"
     assert rows[("`joint` seed 41", "state (mod 10)")][1] == "–"
-    windows = pd.read_csv(src / "windows.csv")
+    assert rows[("`other` seed 42", "state (mod 10)")][1:3] == ["250", "9.9000"]
+    assert rows[("`other` seed 42", "mod 5")][5:9] == ["0.0"] * 4
+    final = training[(training.seed == 43) & (training.variant == "joint")].sort_values("step").loss.iloc[-1]
+    assert rows[("`joint` seed 43", "state (mod 10)")][2] == f"{final:.4f}"
+    assert [rows[("`joint` seed 43", f)][-1] for f in ("state (mod 10)", "parity", "mod 5")] == ["10.0", "50.0",
+                                                                                                 "20.0"]
     header = ["in range", "(1x, 2x]", "(2x, 4x]", "(4x, 8x]", "(8x, 16x]"]
     for seed in (42, 43):
         for factor, subtask in (("state (mod 10)", "state"), ("parity", "state_mod2"), ("mod 5", "state_mod5")):
