@@ -358,7 +358,7 @@ def realstep_statement(root: Path) -> str:
     text += (f"\n\nThe family: {_n(n_runs, 'run')} × {_n(n_positions, 'window')} of positions, {tests} stretches "
              f"of {K} consecutive measured snapshots in all. Under the null one condition is met by chance with "
              f"probability q = P(t_{RealStepConfig().eval_batches - 1} > {Z_DETECT:g}) = {Q_NULL:.3f}, a stretch "
-             f"with at most q^{K} = {Q_NULL ** K:.1e}, so at most {tests * Q_NULL ** K:.3f} windows are expected by "
+             f"with at most q^{K} = {Q_NULL ** K:.1e}, so at most {tests * Q_NULL ** K:.2g} windows are expected by "
              f"chance (with independent snapshots; one chance per run and window of positions, "
              f"{n_runs * n_positions} × q = {n_runs * n_positions * Q_NULL:.2f}, were they one measurement). "
              f"In {int(explained.sum())} of the {int(read.raises.sum())} snapshot-windows where attention's part "
