@@ -38,7 +38,7 @@ from doc_format import grid_of, pct, results_dir, table
 from realstep_lookahead import ROLLOUT, STEPS
 
 from probe.gradients.realstep import Z_DETECT, RealStepConfig
-from probe.windows import window_key
+from probe.windows import window_key, windows_for
 
 REALSTEP = ("gradients", "realstep")
 FILES = ("realstep", "verdicts", "rollout", "checks")
@@ -64,7 +64,8 @@ trajectory holds the snapshot ROLLOUT steps later): a snapshot missing one has n
 RUN = ["variant", "seed"]
 RUNS_GRID = "realstep"
 """The grid's own runs, collected by ``study/scripts/collect_grid.sh realstep`` into study/results/realstep."""
-POSITIONS = ("in range", "(1x, 2x]", "(2x, 4x]", "(4x, 8x]", "(8x, 16x]")
+POSITIONS = tuple(w.name for w in windows_for(1, 16))
+"""The windows of positions the runs' table shows: in range, then each beyond it to 16x (as windows.csv names them)."""
 FORMED = 0.90
 """In-range state accuracy (at L, evaluated during training every 250 steps) from which the counter is read as
 formed: the step where a run first reaches it places the lookahead's windows of steps in that run's own time."""
