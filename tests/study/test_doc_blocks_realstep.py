@@ -307,3 +307,47 @@ def test_the_runs_block_reads_each_window_and_when_the_counter_formed(S, tmp_pat
                 w = windows[(windows.seed == seed) & (windows.window == window) & (windows.subtask == subtask)]
                 assert cells[4 + i] == f"{100 * w.right.iloc[0] / w.n_tokens.iloc[0]:.1f}", (seed, factor, window)
     assert S[1].realstep_runs(tmp_path / "elsewhere").startswith("Not run yet")
+
+
+LOWER_CUT_RAISES = (-3.0, 0.0, 3.0)
+"""Attention's part lowers the loss in one step; the 50-step rollout without its path raises it."""
+
+
+def test_the_direction_block_counts_each_reading_per_run_and_tests_the_runs_lean(S, tmp_path):
+    R, D = S
+    # seeds 40 and 42: attention's part lowers the loss and its cut raises it at every snapshot in (1x, 2x]; seed 41:
+    # the opposite in two windows at steps 250-500 only; so two runs lean one way and one the other
+    effects = {(seed, "(1x, 2x]", s): LOWER_CUT_RAISES for s in R.STEPS for seed in (40, 42)}
+    effects.update(raise_over(41, "(4x, 8x]", range(250, 501, 50)))
+    effects.update(raise_over(41, "(8x, 16x]", range(250, 501, 50)))
+    text = blocks(S, write(S, tmp_path, effects, seeds=(40, 41, 42)))["realstep-direction"]
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): [c.strip() for c in line.strip("|").split("|")]
+            for line in text.splitlines() if line.startswith("| ")}
+    n = len(R.STEPS)
+    assert rows[("`joint` seed 40", "250–500")][2:] == ["6 · 24", "0 / 6", "0 / 6"]
+    assert rows[("`joint` seed 41", "250–500")][2:] == ["6 · 24", "12 / 0", "12 / 0"]
+    wholes = [line for line in text.splitlines() if line.startswith("|  | **all** |")]
+    assert wholes == [f"|  | **all** | {n} · {4 * n} | 0 / {n} | 0 / {n} |",
+                      f"|  | **all** | {n} · {4 * n} | 12 / 0 | 12 / 0 |",
+                      f"|  | **all** | {n} · {4 * n} | 0 / {n} | 0 / {n} |"]
+    assert ("attention's part leans to raising the loss in 1, lowering it in 2 (two-sided sign test over runs: "
+            "p = 1)") in text
+    assert "the rollout's cut leans to lowering the loss in 1, raising it in 2" in text
+    assert "the smallest p 3 runs allow is 0.25, so no lean can be a detected effect at 0.05" in text
+    assert "Descriptive, outside the pre-registered rule" in text
+
+
+def test_the_direction_block_leaves_out_withheld_snapshots(S, tmp_path):
+    R, _ = S  # every snapshot of seed 40 but the first fails an instrument check
+    effects = raise_over(40, "(2x, 4x]", R.STEPS)
+    text = blocks(S, write(S, tmp_path, effects, failed=frozenset((40, s) for s in R.STEPS[1:])))["realstep-direction"]
+    assert "| `joint` seed 40 | 250–500 | 1 · 4 | 1 / 0 | 1 / 0 |" in text
+
+
+def test_six_runs_leaning_the_same_way_are_a_detected_lean(S, tmp_path):
+    R, _ = S
+    seeds = (40, 41, 42, 43, 44, 45)
+    effects = {(seed, "(1x, 2x]", s): LOWER_CUT_RAISES for s in R.STEPS for seed in seeds}
+    text = blocks(S, write(S, tmp_path, effects, seeds=seeds))["realstep-direction"]
+    assert "lowering it in 6 (two-sided sign test over runs: p = 0.0312)" in text
+    assert "a p below 0.05 would be a detected lean of the runs" in text
