@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import shutil
@@ -81,9 +82,15 @@ def ray_instance():
     ray = pytest.importorskip("ray")
     # Ray's workers cannot import this test module by name: ship its functions (kill_once) by value.
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    # Ray's tqdm support replaces builtins.print in this process and never puts it back; tests that run after these
+    # (test_checkpoint's fuzz pickles print itself) would see another print than the one they were collected with
+    print_before = builtins.print
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="WARNING")
-    yield ray
-    ray.shutdown()
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        builtins.print = print_before
 
 
 @pytest.fixture(scope="module")
