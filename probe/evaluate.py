@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
+from probe import hardware
 from probe.cli import envelope, positive_int, resolve_device
 from probe.core.chance import chance
 from probe.core.lengths import multiples, parse_lengths, stepped, up_to
@@ -174,8 +175,9 @@ def _trained_as(ckpt: Any) -> dict[str, Any]:
     """How a checkpoint was trained, so that a table mixing precisions or devices says so (older checkpoints:
     fp32, default AdamW, device not recorded)."""
     train = ckpt.train_config or {}
-    return {"precision": ckpt.extra.get("precision_used", train.get("precision", "fp32")),
-            "optimizer_impl": train.get("optimizer_impl", "default"), "trained_on": ckpt.extra.get("device")}
+    precision, device = hardware.trained_as(ckpt.extra)
+    return {"precision": precision or train.get("precision", "fp32"),
+            "optimizer_impl": train.get("optimizer_impl", "default"), "trained_on": device}
 
 
 def evaluate_windows(paths: Sequence[str | Path], max_length: int | None = None, n_samples: int = 256,

@@ -97,6 +97,22 @@ def precision_used(requested: str, device: torch.device) -> tuple[str, str | Non
     return "bf16", None
 
 
+def trained_as(extra: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(precision, device) a checkpoint's run trained in, from its ``extra``: each as recorded when the whole run
+    had one, else every stretch with the step it began at (``bf16 (from step 0), fp32 (from step 2500)``), so that
+    a run resumed on a CPU where ``auto`` resolves otherwise never passes for one precision's run in a table. None
+    where the checkpoint records nothing (older runs)."""
+    segments = extra.get("segments") or [[0, extra.get("precision_used"), extra.get("device")]]
+
+    def one(i: int) -> str | None:
+        kinds = [s[i] for s in segments]
+        if len(set(kinds)) == 1:
+            return kinds[0]
+        return ", ".join(f"{'unrecorded' if s[i] is None else s[i]} (from step {s[0]})" for s in segments)
+
+    return one(1), one(2)
+
+
 def check_compile(device: torch.device) -> None:
     """Refuse ``train.compile`` in one line where ``torch.compile`` cannot work: no TorchDynamo for this Python or
     platform, no C++ compiler for the CPU backend, or no Triton for the GPU backend."""

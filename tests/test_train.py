@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -913,6 +914,44 @@ def test_auto_precision_is_bf16_only_where_native(tmp_path, monkeypatch, native)
     assert _dtypes_seen(trainer) == ({"lstm": torch.bfloat16, "mlp": torch.bfloat16} if native else
                                      {"lstm": torch.float32, "mlp": torch.float32})
     assert trainer.checkpoint().extra["precision_used"] == trainer.precision_used
+
+
+def test_a_run_resumed_where_auto_resolves_otherwise_records_both_precisions(tmp_path, monkeypatch, capsys):
+    """A grid that spans sessions may resume on a CPU where ``train.precision=auto`` resolves otherwise and go on in
+    another precision. The checkpoint records each stretch, and the tables call the run mixed, never one precision.
+    (The two machines are simulated with two precisions that run on every CPU: bf16 with the recurrence in fp32,
+    then fp32.)"""
+    from probe.evaluate import _trained_as, evaluate_checkpoints, evaluate_windows, evaluation_envelope
+    from probe.results import read_run_folder
+
+    cfg = tiny_cfg(precision="auto", steps=8, eval_every=8, ckpt_every=4, traj_every=8)
+    monkeypatch.setattr(hardware, "precision_used", lambda *a: ("bf16+fp32-recurrence", None))
+    train(MODEL, TASK, cfg, tmp_path / "run", progress=False, until=4)
+    # the control: resumed on the same machine, a run stays one stretch (a record that appended a stretch at every
+    # resume would call every stopped run mixed)
+    shutil.copytree(tmp_path / "run", tmp_path / "same")
+    once = train(MODEL, TASK, cfg, tmp_path / "same", progress=False, resume=True)
+    assert [s[:2] for s in once.extra["segments"]] == [[0, "bf16+fp32-recurrence"]]
+    assert hardware.trained_as(once.extra)[0] == "bf16+fp32-recurrence"
+    capsys.readouterr()
+    monkeypatch.setattr(hardware, "precision_used", lambda *a: ("fp32", None))  # the next session's machine
+    final = train(MODEL, TASK, cfg, tmp_path / "run", progress=False, resume=True)
+    assert "trained so far in bf16+fp32-recurrence; this machine continues in fp32" in capsys.readouterr().err
+    assert final.extra["precision_used"] == "fp32"  # what the last stretch ran as: analyses replay a step in it
+    assert [s[:2] for s in final.extra["segments"]] == [[0, "bf16+fp32-recurrence"], [4, "fp32"]]
+    mixed = "bf16+fp32-recurrence (from step 0), fp32 (from step 4)"
+    assert hardware.trained_as(final.extra)[0] == mixed
+    assert _trained_as(final)["precision"] == mixed
+    ckpt = [tmp_path / "run" / "final.pt"]
+    curves = evaluate_checkpoints(ckpt, [6, 12], 8)
+    assert set(curves.precision) == {mixed}
+    (tmp_path / "run" / "eval.json").write_text(json.dumps(evaluation_envelope(
+        curves, ckpt, evaluate_windows(ckpt, 12, 8))))
+    summary, _, _ = read_run_folder(tmp_path / "run", "joint", 0)
+    assert summary["precision"] == mixed
+    # a checkpoint from before segments were kept reads as one stretch, as it recorded
+    del final.extra["segments"]
+    assert hardware.trained_as(final.extra) == ("fp32", final.extra["device"])
 
 
 def test_cpu_feature_check_reads_the_flags_and_a_onednn_cap(monkeypatch):

@@ -212,11 +212,11 @@ def read_run_folder(folder: Path, variant: str, seed: int,
     trained_on = None  # the device it trained on: its checkpoint's record, else its log's first line
     if (folder / FINAL).exists():
         from probe.checkpoint import load_checkpoint
+        from probe.hardware import trained_as
 
         ckpt = load_checkpoint(folder / FINAL)
         train, train_length = dict(ckpt.train_config or {}), ckpt.task_config.train_length
-        used = ckpt.extra.get("precision_used")
-        trained_on = ckpt.extra.get("device")
+        used, trained_on = trained_as(ckpt.extra)
     else:
         built = _config_meta(config, variant)
         if built is not None:

@@ -73,6 +73,9 @@ class Trainer:
         self.running: dict[str, float] = {}
         self._bar_eval: dict[str, str] = {}
         self.gradient_log: dict[str, Any] | None = None  # the last step's gradient policy's record, if any
+        # [first step, precision, device] of each stretch of training: a run resumed on another machine records
+        # where its arithmetic changed (hardware.trained_as reads it), instead of only what its last stretch ran as
+        self.segments: list[list[Any]] = [[0, self.precision_used, hardware.device_name(self.device)]]
 
     # --- state --------------------------------------------------------------------------------------------
     def _apply_schedule(self, step: int) -> None:
@@ -94,7 +97,8 @@ class Trainer:
             metrics=self.metrics, extra={"schedule_state": self.schedule.state_dict(resume=with_optimizer),
                                          "running": dict(self.running),
                                          "precision_used": self.precision_used, KEY: state.to_dict(),
-                                         "device": hardware.device_name(self.device)},
+                                         "device": hardware.device_name(self.device),
+                                         "segments": [list(x) for x in self.segments]},
         )
 
     def resume(self) -> bool:
@@ -115,6 +119,11 @@ class Trainer:
         if where is not None and where != hardware.device_name(self.device):
             print(f"note: {last} trained so far on {where}; it continues on {hardware.device_name(self.device)}",
                   file=sys.stderr)
+        # checkpoints from before segments were kept: one stretch, as their precision and device record it
+        segments = [list(x) for x in ckpt.extra.get("segments") or [[0, before, where]]]
+        if segments[-1][1:] != self.segments[0][1:]:
+            segments.append([ckpt.step, *self.segments[0][1:]])
+        self.segments = segments
         self.model.load_state_dict(ckpt.state_dict)
         self.schedule.load_state_dict(ckpt.extra.get("schedule_state", {}))
         self._apply_schedule(ckpt.step)

@@ -81,6 +81,7 @@ from doc_format import (
     p_text,
     pct,
     per_seed,
+    precision_sentence,
     results_dir,
     table,
 )
@@ -126,7 +127,7 @@ def values(root: Path) -> pd.DataFrame | None:
     grid = grid_of(root, GRID)
     runs = grid.runs
     out = pd.DataFrame({"variant": runs.variant, "seed": runs.seed.astype(int), "state_1x": col(runs, "state_acc_1x"),
-                        "beyond": col(runs, "state_win_2x_4x"),
+                        "beyond": col(runs, "state_win_2x_4x"), "precision": col(runs, "precision"),
                         **{c: col(runs, c) for c, _ in WINDOWS}})
     t = grid.training
     if len(t) and "loss" in t:
@@ -388,7 +389,8 @@ def coadaptation_variants(root: Path) -> str:
         return NOT_RUN
     rows = [[f"`{x}`", _n(v, x), _cell(_of(v, x, "state_1x")), _loss_cell(_of(v, x, "loss")),
              *[_cell(_of(v, x, c)) for c, _ in WINDOWS]] for x in VARIANTS]
-    return table(["variant", "seeds", "state at 1x", "final training loss (range)", *[w for _, w in WINDOWS]], rows)
+    return (table(["variant", "seeds", "state at 1x", "final training loss (range)", *[w for _, w in WINDOWS]], rows)
+            + "\n\n" + precision_sentence(v))
 
 
 def coadaptation_seeds(root: Path) -> str:

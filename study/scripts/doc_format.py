@@ -70,6 +70,25 @@ def table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
     return "\n".join(lines)
 
 
+def precision_sentence(runs: pd.DataFrame) -> str:
+    """What a grid's runs trained in, as each run's checkpoint records it (``probe.hardware.trained_as``): one
+    precision for all, or each with its runs named, a run resumed in another precision (``... (from step N)``) among
+    them. A grid that spans sessions on different CPUs can mix precisions under ``train.precision=auto``; its
+    comparisons are read knowing so."""
+    p = pd.Series("unrecorded", index=runs.index, dtype=object)
+    if "precision" in runs:
+        p = p.where(runs["precision"].isna(), runs["precision"].astype(object))
+    if p.nunique() <= 1:
+        return f"Trained in {p.iloc[0] if len(p) else 'nothing yet'}: all {len(p)} runs, as their checkpoints record."
+    parts = []
+    for value, g in runs.assign(_p=p).groupby("_p", sort=True):
+        named = ", ".join(f"`{r.variant}` seed {int(r.seed)}" for r in g.sort_values(["variant", "seed"]).itertuples())
+        parts.append(f"{value} in {len(g)} ({named})" if len(g) <= 6 or " (from step " in value else
+                     f"{value} in {len(g)} (seeds {', '.join(str(int(x)) for x in sorted(set(g.seed)))})")
+    return ("Trained in more than one precision, as the runs' checkpoints record (a grid resumed on a CPU where "
+            "`auto` resolves otherwise): " + "; ".join(parts) + ".")
+
+
 def p_text(x: float) -> str:
     return "–" if not np.isfinite(x) else (f"{x:.3f}" if x >= 0.001 else f"{x:.1e}")
 

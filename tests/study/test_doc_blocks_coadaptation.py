@@ -248,6 +248,26 @@ def test_the_tables_show_fit_and_windows_per_variant_and_every_p_with_its_design
     assert "| `frozen-copy` | 8 | fails to fit |" in B.coadaptation_readings(root)
 
 
+def test_the_variants_table_says_what_precision_the_runs_trained_in(D, tmp_path):
+    """A grid that spans sessions can resume on a CPU where ``train.precision=auto`` resolves otherwise: the block
+    says so, naming the runs, instead of letting mixed runs pass for one precision's."""
+    B, _ = D
+    grid = _grid(_spec())
+    out = tmp_path / "study" / "results" / "coadaptation2"
+    grid.runs["precision"] = "bf16"
+    write_grid(grid, out)
+    assert B.coadaptation_variants(tmp_path).endswith(f"Trained in bf16: all {len(grid.runs)} runs, as their "
+                                                      "checkpoints record.")
+    mixed = "bf16 (from step 0), fp32 (from step 2750)"
+    grid.runs.loc[grid.runs.seed >= 26, "precision"] = "fp32"
+    grid.runs.loc[(grid.runs.variant == "random-path") & (grid.runs.seed == 25), "precision"] = mixed
+    write_grid(grid, out)
+    text = B.coadaptation_variants(tmp_path)
+    n = grid.runs.variant.nunique()
+    assert f"; {mixed} in 1 (`random-path` seed 25);" in text
+    assert f"bf16 in {6 * n - 1} (seeds 20, 21, 22, 23, 24, 25)" in text and f"fp32 in {2 * n} (seeds 26, 27)" in text
+
+
 def test_not_run_yet_renders_a_command_not_a_number(D, tmp_path):
     B, _ = D
     for name, block in B.BLOCKS.items():
