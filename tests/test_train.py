@@ -13,6 +13,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,7 +32,7 @@ from probe.training.policies import PLAIN, DetachAttention, SplitCut
 from probe.training.presets import DAT_SWITCH
 from probe.training.schedule import Schedule
 from probe.training.settings import VARIANTS, ScheduleConfig, variant_name
-from probe.training.trainer import Trainer, config_diff, train
+from probe.training.trainer import Trainer, config_diff, resumed_segments, train
 
 ROOT = Path(__file__).parent.parent
 TASK = make_task("interleaved", train_length=6)
@@ -952,6 +953,50 @@ def test_a_run_resumed_where_auto_resolves_otherwise_records_both_precisions(tmp
     # a checkpoint from before segments were kept reads as one stretch, as it recorded
     del final.extra["segments"]
     assert hardware.trained_as(final.extra) == ("fp32", final.extra["device"])
+
+
+def _ckpt(step: int, precision: str = "auto", **extra):
+    return SimpleNamespace(step=step, train_config={"precision": precision}, extra=extra)
+
+
+@pytest.mark.parametrize(("ckpt", "now", "expected"), [
+    # the same machine: one stretch, however often a run is stopped
+    (_ckpt(40, segments=[[0, "bf16", "A"]]), ["bf16", "A"], [[0, "bf16", "A"]]),
+    # another device with the same precision: a stretch of its own (the device is part of the arithmetic)
+    (_ckpt(40, segments=[[0, "bf16", "A"]]), ["bf16", "B"], [[0, "bf16", "A"], [40, "bf16", "B"]]),
+    # back on the first machine after a stretch elsewhere: compared with the last stretch, not the first
+    (_ckpt(60, segments=[[0, "bf16", "A"], [40, "fp32", "B"]]), ["bf16", "A"],
+     [[0, "bf16", "A"], [40, "fp32", "B"], [60, "bf16", "A"]]),
+    # a stretch stopped before its first step trained nothing: the next one takes its place
+    (_ckpt(40, segments=[[0, "bf16", "A"], [40, "fp32", "B"]]), ["bf16", "A"], [[0, "bf16", "A"]]),
+    (_ckpt(0, segments=[[0, "fp32", "B"]]), ["bf16", "A"], [[0, "bf16", "A"]]),
+    # a checkpoint from before stretches were kept: one stretch, as it records its precision and device
+    (_ckpt(40, precision_used="bf16", device="A"), ["fp32", "B"], [[0, "bf16", "A"], [40, "fp32", "B"]]),
+    (_ckpt(40, precision_used="fp32", device="A"), ["fp32", "A"], [[0, "fp32", "A"]]),
+    # ... and what it does not record: its config's literal precision, else this machine's
+    (_ckpt(40, precision="fp32"), ["fp32", "A"], [[0, "fp32", "A"]]),
+    (_ckpt(40, precision="fp32"), ["bf16", "A"], [[0, "fp32", "A"], [40, "bf16", "A"]]),
+    (_ckpt(40, precision="auto"), ["bf16", "A"], [[0, "bf16", "A"]]),
+])
+def test_resumed_segments(ckpt, now, expected):
+    assert resumed_segments(ckpt, now) == expected
+
+
+def test_a_stretch_that_trained_no_step_is_left_out_of_the_record(tmp_path, monkeypatch):
+    """Stopped before the first step of a resume elsewhere (SIGINT writes last.pt at once), a run that then goes on
+    where it began is one precision's run, not a mixed one."""
+    cfg = tiny_cfg(precision="auto", steps=8, eval_every=8, ckpt_every=4, traj_every=8)
+    monkeypatch.setattr(hardware, "precision_used", lambda *a: ("bf16+fp32-recurrence", None))
+    train(MODEL, TASK, cfg, tmp_path, progress=False, until=4)
+    monkeypatch.setattr(hardware, "precision_used", lambda *a: ("fp32", None))
+    elsewhere = Trainer(MODEL, TASK, cfg, tmp_path, progress=False)
+    assert elsewhere.resume() and [s[:2] for s in elsewhere.segments] == [[0, "bf16+fp32-recurrence"], [4, "fp32"]]
+    stopped = elsewhere.checkpoint()  # what the stop writes to last.pt before any step
+    assert [s[:2] for s in stopped.extra["segments"]] == [[0, "bf16+fp32-recurrence"]]
+    save_checkpoint(tmp_path / "last.pt", stopped)
+    monkeypatch.setattr(hardware, "precision_used", lambda *a: ("bf16+fp32-recurrence", None))
+    final = train(MODEL, TASK, cfg, tmp_path, progress=False, resume=True)
+    assert hardware.trained_as(final.extra)[0] == "bf16+fp32-recurrence"
 
 
 def test_cpu_feature_check_reads_the_flags_and_a_onednn_cap(monkeypatch):

@@ -11,6 +11,7 @@ left, and re-raises: no worker outlives the sweep, and a rerun resumes every run
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import multiprocessing
 import os
@@ -217,6 +218,7 @@ class RayExecutor:
         self.jobs, self.address, self.retries = jobs or default_jobs(), address, retries
         self.gpus_per_run = gpus_per_run
         self.parallelism, self.startup_s, self._owned = self.jobs, 0.0, False
+        self._print = builtins.print  # Ray's tqdm support replaces it in this process; close() puts it back
         try:
             import ray  # noqa: F401
         except ImportError:
@@ -254,6 +256,7 @@ class RayExecutor:
         if self._owned:
             ray.shutdown()
             self._owned = False
+            builtins.print = self._print  # a notebook that ran a sweep keeps its own print afterwards
 
     def map(self, fn: WorkerFn, runs: list[Run], opts: RunOptions) -> Iterator[tuple[Run, RunResult]]:
         import ray

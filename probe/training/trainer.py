@@ -98,7 +98,9 @@ class Trainer:
                                          "running": dict(self.running),
                                          "precision_used": self.precision_used, KEY: state.to_dict(),
                                          "device": hardware.device_name(self.device),
-                                         "segments": [list(x) for x in self.segments]},
+                                         # a stretch that has trained no step yet is not part of the record
+                                         "segments": [list(x) for x in self.segments if x[0] < self.step]
+                                         or [list(self.segments[0])]},
         )
 
     def resume(self) -> bool:
@@ -119,11 +121,7 @@ class Trainer:
         if where is not None and where != hardware.device_name(self.device):
             print(f"note: {last} trained so far on {where}; it continues on {hardware.device_name(self.device)}",
                   file=sys.stderr)
-        # checkpoints from before segments were kept: one stretch, as their precision and device record it
-        segments = [list(x) for x in ckpt.extra.get("segments") or [[0, before, where]]]
-        if segments[-1][1:] != self.segments[0][1:]:
-            segments.append([ckpt.step, *self.segments[0][1:]])
-        self.segments = segments
+        self.segments = resumed_segments(ckpt, self.segments[0][1:])
         self.model.load_state_dict(ckpt.state_dict)
         self.schedule.load_state_dict(ckpt.extra.get("schedule_state", {}))
         self._apply_schedule(ckpt.step)
@@ -296,6 +294,26 @@ def check_out(out: str | Path) -> None:
         if path.exists() and not path.is_dir():
             raise ProbeError(f"--out {out}: {'it' if path == out else path} is a file, not a directory; "
                              f"--out names a run directory")
+
+
+def resumed_segments(ckpt: Checkpoint, now: list[Any]) -> list[list[Any]]:
+    """The stretches of a run resumed from ``ckpt`` on a machine that trains as ``now`` ([precision, device]): the
+    checkpoint's, with a new stretch from its step where the precision or the device differs from its last one.
+
+    A checkpoint from before stretches were kept is one stretch, as its ``precision_used`` and ``device`` record it;
+    what it does not record is taken to be this machine's (as its tables always took it), its literal precision
+    first where the config names one."""
+    recorded = ckpt.extra.get("segments")
+    if recorded is None:
+        literal = (ckpt.train_config or {}).get("precision")
+        precision = ckpt.extra.get("precision_used") or (literal if literal not in (None, "auto") else now[0])
+        recorded = [[0, precision, ckpt.extra.get("device") or now[1]]]
+    segments = [list(x) for x in recorded]
+    if segments[-1][0] >= ckpt.step:
+        segments.pop()  # a stretch that trained no step (stopped before its first): this one takes its place
+    if not segments or segments[-1][1:] != list(now):
+        segments.append([ckpt.step, *now])
+    return segments
 
 
 def train(model_cfg: AnyModelConfig, task: TaskConfig, cfg: TrainConfig, out: str | Path,

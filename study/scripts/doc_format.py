@@ -73,20 +73,29 @@ def table(header: Sequence[str], rows: list[Sequence[str]]) -> str:
 def precision_sentence(runs: pd.DataFrame) -> str:
     """What a grid's runs trained in, as each run's checkpoint records it (``probe.hardware.trained_as``): one
     precision for all, or each with its runs named, a run resumed in another precision (``... (from step N)``) among
-    them. A grid that spans sessions on different CPUs can mix precisions under ``train.precision=auto``; its
+    them. ``auto`` is a request, not a record (a run folder without final.pt gives its config's), so it counts as
+    unrecorded. A grid that spans sessions on different CPUs can mix precisions under ``train.precision=auto``; its
     comparisons are read knowing so."""
     p = pd.Series("unrecorded", index=runs.index, dtype=object)
     if "precision" in runs:
-        p = p.where(runs["precision"].isna(), runs["precision"].astype(object))
-    if p.nunique() <= 1:
-        return f"Trained in {p.iloc[0] if len(p) else 'nothing yet'}: all {len(p)} runs, as their checkpoints record."
+        known = runs["precision"].notna() & (runs["precision"] != "auto")
+        p = p.where(~known, runs["precision"].astype(object))
+    if (p == "unrecorded").all():
+        return f"The runs' precision is not recorded ({_n_runs(len(p))})."
+    if p.nunique() == 1:
+        return f"Trained in {p.iloc[0]}: all {len(p)} runs, as their checkpoints record."
     parts = []
     for value, g in runs.assign(_p=p).groupby("_p", sort=True):
-        named = ", ".join(f"`{r.variant}` seed {int(r.seed)}" for r in g.sort_values(["variant", "seed"]).itertuples())
-        parts.append(f"{value} in {len(g)} ({named})" if len(g) <= 6 or " (from step " in value else
-                     f"{value} in {len(g)} (seeds {', '.join(str(int(x)) for x in sorted(set(g.seed)))})")
-    return ("Trained in more than one precision, as the runs' checkpoints record (a grid resumed on a CPU where "
-            "`auto` resolves otherwise): " + "; ".join(parts) + ".")
+        named = "; ".join(f"`{variant}` seed{'s' if len(r) > 1 else ''} "
+                          + ", ".join(map(str, sorted(r.seed.astype(int))))
+                          for variant, r in g.groupby("variant", sort=True))
+        parts.append(f"{value} in {len(g)} ({named})")
+    return ("Trained in more than one precision, as the runs' checkpoints record (e.g. a grid resumed on a CPU where "
+            "`auto` resolves otherwise): " + ". ".join(parts) + ".")
+
+
+def _n_runs(n: int) -> str:
+    return f"{n} run{'s' if n != 1 else ''}"
 
 
 def p_text(x: float) -> str:

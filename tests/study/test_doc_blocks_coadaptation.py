@@ -264,8 +264,14 @@ def test_the_variants_table_says_what_precision_the_runs_trained_in(D, tmp_path)
     write_grid(grid, out)
     text = B.coadaptation_variants(tmp_path)
     n = grid.runs.variant.nunique()
-    assert f"; {mixed} in 1 (`random-path` seed 25);" in text
-    assert f"bf16 in {6 * n - 1} (seeds 20, 21, 22, 23, 24, 25)" in text and f"fp32 in {2 * n} (seeds 26, 27)" in text
+    assert f". {mixed} in 1 (`random-path` seed 25)." in text
+    assert (f"bf16 in {6 * n - 1} (`frozen-copy` seeds 20, 21, 22, 23, 24, 25; " in text
+            and "`random-path` seeds 20, 21, 22, 23, 24; " in text)
+    assert f"fp32 in {2 * n} (`frozen-copy` seeds 26, 27; " in text
+    # a run folder without final.pt reports its config's request, not what ran: not a record
+    grid.runs["precision"] = "auto"
+    write_grid(grid, out)
+    assert B.coadaptation_variants(tmp_path).endswith(f"The runs' precision is not recorded ({len(grid.runs)} runs).")
 
 
 def test_not_run_yet_renders_a_command_not_a_number(D, tmp_path):

@@ -25,7 +25,7 @@ DOCUMENTS = [*sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "study" / "
 P_HEADER = re.compile(r"(^|\s)p($|\s|\()")
 NUMBER = re.compile(r"^(\d+(\.\d+)?(e-?\d+)?)$")
 MIN_ADJ = re.compile(r"(\d+) × ([\d.e-]+) = ([\d.e-]+)")
-P_IN_TEXT = re.compile(r"\bp (\d\.\d+(e-\d+)?|\d\.\de-\d+|1\.0)\b")
+P_IN_TEXT = re.compile(r"\bp (?:= )?(\d\.\d+(e-\d+)?|\d\.\de-\d+|1\.0)\b")
 BLOCK = re.compile(r"<!-- render:([\w-]+) -->\n(.*?)<!-- /render:\1 -->", re.S)
 
 
@@ -129,6 +129,11 @@ PLANTED_ROWS = {
     # a rendered sentence with a p at 5 vs 5 seeds in a family of 27
     "sentence": """<!-- render:x -->
 Depth's effect (a Holm family of 27; 5 vs 5 seeds): +23.6 [+3.4, +43.8], p 0.008, Holm p 0.21.
+<!-- /render:x -->
+""",
+    # a rendered sentence with "p = " and no family: a sign test over 5 runs (smallest p 0.0625)
+    "sentence with p =": """<!-- render:x -->
+Attention's part leans to lowering the loss in 5 of 5 runs (two-sided sign test over runs: p = 0.0625).
 <!-- /render:x -->
 """,
     # a rendered sentence with a p and no family
