@@ -171,6 +171,21 @@ def test_the_kept_rollout_reproduces_the_run_and_the_cut_one_departs(run):
 
 
 @pytest.mark.slow  # trains a 30-step run (module fixture)
+def test_the_rollout_continues_in_the_precision_the_run_trained_in_not_its_config_s(run):
+    # a run configured with another precision than the one it ran in (train.precision=auto resolves per machine):
+    # continued from its config's literal, it is another run; from its recorded precision, the run itself
+    snap, later = load_checkpoint(run / "step_000010.pt"), load_checkpoint(run / "step_000030.pt")
+    ran = snap.extra["precision_used"]
+    other = "bf16" if ran == "fp32" else "fp32"
+    relabelled = dataclasses.replace(snap, train_config={**snap.train_config, "precision": other})
+    kept = continue_run(relabelled, 20)
+    assert kept.precision == ran and weight_difference(kept.model.state_dict(), later) == 0.0
+    # the control: asked for the config's precision, the rollout departs (a rollout that ignored the precision it
+    # was given, or read the config's, would pass the line above only by luck of the machine and fail here)
+    forced = continue_run(relabelled, 20, precision=other)
+    assert forced.precision != ran and weight_difference(forced.model.state_dict(), later) > 1e-5
+
+@pytest.mark.slow  # trains a 30-step run (module fixture)
 def test_the_real_step_rows_record_the_moments_the_shares_and_the_baseline(run):
     snap = load_checkpoint(run / "step_000020.pt")
     rows, info = measure_real_step(snap, SMALL)

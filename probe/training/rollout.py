@@ -12,6 +12,7 @@ takes the same steps with the recurrent sublayers' (and their pre-LN's) gradient
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,9 +60,15 @@ class Rollout:
     precision: str
 
 
-def continue_run(ckpt: Checkpoint, steps: int, branch: str = "kept", device: str | torch.device = "cpu") -> Rollout:
+def continue_run(ckpt: Checkpoint, steps: int, branch: str = "kept", device: str | torch.device = "cpu",
+                 precision: str | None = None) -> Rollout:
     """Load the run's state at ``ckpt`` into its own trainer and take ``steps`` steps on ``branch``. Nothing is
-    written to disk (the trainer's loop, which writes, is not run; ``train_step`` is)."""
+    written to disk (the trainer's loop, which writes, is not run; ``train_step`` is).
+
+    ``precision`` (a ``train.precision``) defaults to the one the run was training in when it wrote ``ckpt`` (its
+    ``precision_used``), not its config's literal: a run configured ``auto`` would otherwise continue in whatever
+    this machine resolves ``auto`` to, and the kept branch would not be the run. Where this machine cannot run it
+    as recorded (bf16 without native bf16 keeps the recurrence in fp32), ``Rollout.precision`` says what ran."""
     if branch not in BRANCHES:
         raise ProbeError(f"branch {branch!r}: choose one of {', '.join(BRANCHES)}")
     if not ckpt.optimizer_state:
@@ -72,6 +79,9 @@ def continue_run(ckpt: Checkpoint, steps: int, branch: str = "kept", device: str
         raise ProbeError(f"{ckpt.name}: its weights are stored as {', '.join(low)}, not the run's float32 ones, so "
                          "continuing from them is not the run")
     cfg = TrainConfig.from_dict(ckpt.train_config)
+    precision = precision or ckpt.extra.get("precision_used")
+    if precision is not None:
+        cfg = dataclasses.replace(cfg, precision=precision)
     trainer = Trainer(ckpt.model_config, ckpt.task_config, cfg, ckpt.path.parent if ckpt.path else ".", device,
                       progress=False)
     trainer.model.load_state_dict(ckpt.state_dict)
