@@ -76,6 +76,7 @@ from doc_format import (
     can_reach,
     col,
     descriptive,
+    device_sentence,
     grid_of,
     min_adjusted_text,
     p_text,
@@ -128,6 +129,7 @@ def values(root: Path) -> pd.DataFrame | None:
     runs = grid.runs
     out = pd.DataFrame({"variant": runs.variant, "seed": runs.seed.astype(int), "state_1x": col(runs, "state_acc_1x"),
                         "beyond": col(runs, "state_win_2x_4x"), "precision": col(runs, "precision"),
+                        "trained_on": col(runs, "trained_on"),
                         **{c: col(runs, c) for c, _ in WINDOWS}})
     t = grid.training
     if len(t) and "loss" in t:
@@ -390,7 +392,7 @@ def coadaptation_variants(root: Path) -> str:
     rows = [[f"`{x}`", _n(v, x), _cell(_of(v, x, "state_1x")), _loss_cell(_of(v, x, "loss")),
              *[_cell(_of(v, x, c)) for c, _ in WINDOWS]] for x in VARIANTS]
     return (table(["variant", "seeds", "state at 1x", "final training loss (range)", *[w for _, w in WINDOWS]], rows)
-            + "\n\n" + precision_sentence(v))
+            + "\n\n" + precision_sentence(v) + " " + device_sentence(v))
 
 
 def coadaptation_seeds(root: Path) -> str:

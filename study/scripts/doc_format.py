@@ -94,6 +94,25 @@ def precision_sentence(runs: pd.DataFrame) -> str:
             "`auto` resolves otherwise): " + ". ".join(parts) + ".")
 
 
+def device_sentence(runs: pd.DataFrame) -> str:
+    """Where a grid's runs trained, as each run records it (``trained_on``; ``probe.hardware.device_name``): one
+    device for all, or each device with its runs counted and their seeds. bf16 kernels differ between CPUs with
+    native bf16 (AMX, avx512_bf16), so a grid that spans sessions on different CPUs says so beside its precision;
+    a run without the record counts as unrecorded."""
+    d = pd.Series("unrecorded", index=runs.index, dtype=object)
+    if "trained_on" in runs:
+        known = runs["trained_on"].notna() & (runs["trained_on"].astype(str) != "")
+        d = d.where(~known, runs["trained_on"].astype(object))
+    if (d == "unrecorded").all():
+        return f"Where the runs trained is not recorded ({_n_runs(len(d))})."
+    if d.nunique() == 1:
+        return f"Trained on one device, {d.iloc[0]}: all {len(d)} runs."
+    parts = [f"{value}: {_n_runs(len(g))} (seed{'s' if g.seed.nunique() > 1 else ''} "
+             + ", ".join(map(str, sorted(g.seed.astype(int).unique()))) + ")"
+             for value, g in runs.assign(_d=d).groupby("_d", sort=True)]
+    return f"Trained on {d.nunique()} devices, as the runs record: " + "; ".join(parts) + "."
+
+
 def _n_runs(n: int) -> str:
     return f"{n} run{'s' if n != 1 else ''}"
 

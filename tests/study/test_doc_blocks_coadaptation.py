@@ -256,8 +256,8 @@ def test_the_variants_table_says_what_precision_the_runs_trained_in(D, tmp_path)
     out = tmp_path / "study" / "results" / "coadaptation2"
     grid.runs["precision"] = "bf16"
     write_grid(grid, out)
-    assert B.coadaptation_variants(tmp_path).endswith(f"Trained in bf16: all {len(grid.runs)} runs, as their "
-                                                      "checkpoints record.")
+    assert (f"Trained in bf16: all {len(grid.runs)} runs, as their checkpoints record. Where the runs trained is "
+            f"not recorded ({len(grid.runs)} runs).") in B.coadaptation_variants(tmp_path)
     mixed = "bf16 (from step 0), fp32 (from step 2750)"
     grid.runs.loc[grid.runs.seed >= 26, "precision"] = "fp32"
     grid.runs.loc[(grid.runs.variant == "random-path") & (grid.runs.seed == 25), "precision"] = mixed
@@ -271,7 +271,27 @@ def test_the_variants_table_says_what_precision_the_runs_trained_in(D, tmp_path)
     # a run folder without final.pt reports its config's request, not what ran: not a record
     grid.runs["precision"] = "auto"
     write_grid(grid, out)
-    assert B.coadaptation_variants(tmp_path).endswith(f"The runs' precision is not recorded ({len(grid.runs)} runs).")
+    assert f"The runs' precision is not recorded ({len(grid.runs)} runs)." in B.coadaptation_variants(tmp_path)
+
+
+def test_the_variants_table_says_on_which_devices_the_runs_trained(D, tmp_path):
+    """bf16 kernels differ between CPUs (AMX, avx512_bf16): a grid that spans sessions on different CPUs names each
+    with its runs, instead of one device passing for all."""
+    B, _ = D
+    grid = _grid(_spec())
+    out = tmp_path / "study" / "results" / "coadaptation2"
+    xeon, epyc = "cpu (Intel(R) Xeon(R) Processor, native bf16)", "cpu (AMD EPYC, native bf16)"
+    grid.runs["trained_on"] = xeon
+    write_grid(grid, out)
+    assert B.coadaptation_variants(tmp_path).endswith(f"Trained on one device, {xeon}: all {len(grid.runs)} runs.")
+    grid.runs.loc[grid.runs.seed >= 21, "trained_on"] = epyc
+    grid.runs.loc[(grid.runs.variant == "joint") & (grid.runs.seed == 21), "trained_on"] = xeon
+    write_grid(grid, out)
+    n = grid.runs.variant.nunique()
+    text = B.coadaptation_variants(tmp_path)
+    later = ", ".join(str(s) for s in sorted(set(grid.runs.seed)) if s >= 21)
+    assert text.endswith(f"Trained on 2 devices, as the runs record: {epyc}: {len(grid.runs) - n - 1} runs (seeds "
+                         f"{later}); {xeon}: {n + 1} runs (seeds 20, 21).")
 
 
 def test_not_run_yet_renders_a_command_not_a_number(D, tmp_path):
