@@ -24,8 +24,9 @@ every parameter's but theirs. The split cuts take two backward passes a step."""
 CUT_MODES = ("drop", "initial-attention", "mlp-placebo", "random-direction", "lagged-attention", "initial-model")
 """How a recurrent cut treats the gradient it cuts: drops it; replaces it by the gradient through attention's
 *initial* weights (attention still learns, but the LSTM never learns through an attention that has learned); keeps
-attention's path and instead removes an equal norm from the paths through the MLPs (a placebo: as much gradient
-taken away, none of it attention's); replaces it by a random direction of the same norm (does *any* injected term
+attention's path and instead removes an equal norm from the paths through the MLPs, at most all of theirs (a
+placebo: as much gradient taken away where the MLP paths carry that much, none of it attention's; each step logs
+whether the cap bound); replaces it by a random direction of the same norm (does *any* injected term
 harm?); by the gradient through attention's weights of ``cut_lag`` steps ago (mismatched by a controlled amount); or
 by the gradient through a whole model at its initial weights except the recurrent sublayer that learns (a consistent
 counterfactual, where ``initial-attention`` mixes initial attention with current MLPs)."""
@@ -241,8 +242,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     # co-adaptation: is it gradient through an attention *that is learning* that harms block 0's LSTM?
     "frozen-copy": dict(cut="recurrent", cut_block=0, cut_mode="initial-attention"),  # LSTM 0 learns through
     # attention's initial weights only, while attention itself learns normally
-    "placebo": dict(cut="recurrent", cut_block=0, cut_mode="mlp-placebo"),  # LSTM 0 loses as much gradient as
-    # stopgrad-rnn0 removes, taken from its attention-free MLP paths; attention's path stays
+    "placebo": dict(cut="recurrent", cut_block=0, cut_mode="mlp-placebo"),  # LSTM 0 loses up to the norm
+    # stopgrad-rnn0 removes, taken from its attention-free MLP paths (at most all of theirs: the cap, logged per step);
+    # attention's path stays
     # controls for frozen-copy, whose injected gradient mismatches the forward pass: does any injected term harm
     # (random-path), one mismatched by a controlled lag (lagged-copy-K), or only an inconsistent counterfactual
     # (frozen-model-copy: the whole model but LSTM 0 at its initial weights)?

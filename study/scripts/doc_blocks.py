@@ -41,7 +41,8 @@ WHAT = {
     "frozen": "random attention in the forward pass from step 0, its weights fixed until step 2000",
     "dat-frozen-rnn": "DAT, and the LSTM frozen from the switch on",
     "frozen-copy": "attention learns from step 0; block 0's LSTM gets its gradient through attention's initial weights",
-    "placebo": "block 0's LSTM loses as much gradient as `stopgrad-rnn0` removes, but from the MLP paths",
+    "placebo": "block 0's LSTM loses gradient from the MLP paths instead, up to the norm `stopgrad-rnn0` removes "
+               "(at most all of theirs)",
     "rnn0-until250": "`stopgrad-rnn0` for the first 250 steps only",
     "rnn0-until1000": "`stopgrad-rnn0` for the first 1000 steps only",
     "rnn0-att0": "only attention 0's path into block 0's LSTM is cut",
