@@ -185,6 +185,7 @@ def test_the_rollout_continues_in_the_precision_the_run_trained_in_not_its_confi
     forced = continue_run(relabelled, 20, precision=other)
     assert forced.precision != ran and weight_difference(forced.model.state_dict(), later) > 1e-5
 
+
 @pytest.mark.slow  # trains a 30-step run (module fixture)
 def test_the_real_step_rows_record_the_moments_the_shares_and_the_baseline(run):
     snap = load_checkpoint(run / "step_000020.pt")

@@ -76,10 +76,7 @@ def precision_sentence(runs: pd.DataFrame) -> str:
     them. ``auto`` is a request, not a record (a run folder without final.pt gives its config's), so it counts as
     unrecorded. A grid that spans sessions on different CPUs can mix precisions under ``train.precision=auto``; its
     comparisons are read knowing so."""
-    p = pd.Series("unrecorded", index=runs.index, dtype=object)
-    if "precision" in runs:
-        known = runs["precision"].notna() & (runs["precision"] != "auto")
-        p = p.where(~known, runs["precision"].astype(object))
+    p = _recorded(runs, "precision", "auto")
     if (p == "unrecorded").all():
         return f"The runs' precision is not recorded ({_n_runs(len(p))})."
     if p.nunique() == 1:
@@ -99,10 +96,7 @@ def device_sentence(runs: pd.DataFrame) -> str:
     device for all, or each device with its runs counted and their seeds. bf16 kernels differ between CPUs with
     native bf16 (AMX, avx512_bf16), so a grid that spans sessions on different CPUs says so beside its precision;
     a run without the record counts as unrecorded."""
-    d = pd.Series("unrecorded", index=runs.index, dtype=object)
-    if "trained_on" in runs:
-        known = runs["trained_on"].notna() & (runs["trained_on"].astype(str) != "")
-        d = d.where(~known, runs["trained_on"].astype(object))
+    d = _recorded(runs, "trained_on", "")
     if (d == "unrecorded").all():
         return f"Where the runs trained is not recorded ({_n_runs(len(d))})."
     if d.nunique() == 1:
@@ -111,6 +105,15 @@ def device_sentence(runs: pd.DataFrame) -> str:
              + ", ".join(map(str, sorted(g.seed.astype(int).unique()))) + ")"
              for value, g in runs.assign(_d=d).groupby("_d", sort=True)]
     return f"Trained on {d.nunique()} devices, as the runs record: " + "; ".join(parts) + "."
+
+
+def _recorded(runs: pd.DataFrame, name: str, not_a_record: str) -> pd.Series:
+    """Each run's ``name`` where it records one, else ``unrecorded`` (missing, or ``not_a_record``)."""
+    out = pd.Series("unrecorded", index=runs.index, dtype=object)
+    if name in runs:
+        known = runs[name].notna() & (runs[name].astype(str) != not_a_record)
+        out = out.where(~known, runs[name].astype(object))
+    return out
 
 
 def _n_runs(n: int) -> str:
