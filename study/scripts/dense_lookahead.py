@@ -11,14 +11,15 @@ in ``--out``:
 
 - ``lookahead.csv``: the lookahead rows (one per run, step, direction, target and step scale), floats to 4
   significant digits;
-- ``verdicts.csv``: one verdict row per snapshot (``probe.gradients``' rule at a real update);
+- ``verdicts.csv``: one verdict row per snapshot (``probe.gradients``' rule at ``step_scale`` 1, a step as long as
+  the real update);
 - ``checks.csv``: every instrument check and control, per snapshot: its value, threshold and whether it passed.
 
 The grid's accuracies are not copied here: ``doc_blocks.py`` joins them from ``study/results/mechanism`` by variant
 and seed. The question this answers (fixed before the runs): does the lookahead order the joint runs by the
 depth of their cliff? Its statistic per run is the mean, over the snapshots at steps 50-500, of attention's part's
-beyond-range effect per unit of step at a real update (``part`` att, ``positions`` >L, ``step_scale`` 1), and its
-paired difference from the rest's (``vs_rec``); the cliff's depth is the run's state accuracy at 3x; the test is
+beyond-range effect per unit of step (``part`` att, ``positions`` >L, ``step_scale`` 1: as long as the real update),
+and its paired difference from the rest's (``vs_rec``); the cliff's depth is the run's state accuracy at 3x; the test is
 Spearman's rank correlation over the joint runs.
 """
 

@@ -27,7 +27,8 @@ def _read(root: Path, name: str) -> pd.DataFrame:
 
 
 def _rows(la: pd.DataFrame, part: str, loss: str, positions: str) -> pd.DataFrame:
-    """One direction's rows (``att`` or ``rec``, the rest) for one target, at a real update, inside the window."""
+    """One direction's rows (``att`` or ``rec``, the rest) for one target, at step_scale 1 (a step as long as the
+    real update), inside the window."""
     sel = la[(la.part == part) & (la.loss == loss) & (la.positions == positions) & (la.step_scale == REAL)]
     return sel[(sel.step >= WINDOW[0]) & (sel.step <= WINDOW[1])]
 
@@ -64,7 +65,7 @@ def lookahead_dense_runs(root: Path) -> str:
         rows.append([f"`{r.variant}` seed {r.seed}", pct(r.state_3x), f"{r.n_steps} ({r.steps})", r.verdicts,
                      _e(r.att_beyond), _e(r.rest_beyond), f"{r.att_vs_rest_z:+.1f}", _e(r.att_train),
                      _e(r.rest_train)])
-    return _table(["run", "state at 3x (grid)", "snapshots (steps)", "verdicts at a real update",
+    return _table(["run", "state at 3x (grid)", "snapshots (steps)", "verdicts at step_scale 1",
                    "att: state loss beyond L, per unit step", "rest: same", "att − rest, mean z",
                    "att: training loss, per unit step", "rest: same"], rows)
 
@@ -94,7 +95,7 @@ def lookahead_dense_order(root: Path) -> str:
     return (f"A Holm family of {k} (one test a statistic); with {n} runs the smallest exact p is 2/{n}! and the "
             f"smallest attainable adjusted p {min_adjusted_text('pairings', n, family=k)}. State at 3x: the mean over "
             "all 75 positions, in-range ones included.\n\n"
-            + _table(["statistic (mean over the window, at a real update)", "joint runs", "Spearman rho with state at "
+            + _table(["statistic (mean over the window, at step_scale 1)", "joint runs", "Spearman rho with state at "
                       "3x", "exact p", "min. adj. p", f"Holm p (over {k})"], rows))
 
 

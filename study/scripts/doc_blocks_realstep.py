@@ -480,6 +480,63 @@ def realstep_direction(root: Path) -> str:
         "two rollouts from the same state drift apart for any small change.")
 
 
+PARTS = (("full", "the whole update u"), ("att", "attention's part"), ("rec", "the recurrent part"),
+         ("momentum", "the momentum term"), ("decay", "weight decay"),
+         ("matched_random", "the matched random step"))
+"""The rows of realstep.csv, in the parts block's order: u, its four parts, and the baseline matched to ``att``."""
+
+
+def realstep_parts(root: Path) -> str:
+    """Descriptive, outside the rule (written after the whole grid was seen): which part of the real update moves
+    which loss. Per part of u stepped alone at its own size (and u itself, and the matched random step), per window of
+    steps, pooled over the runs' snapshots that no instrument check withholds: its share of |u| (median), how often it
+    raises / lowers the held-out training loss (snapshots) and the state loss beyond L (snapshot-windows), |z| beyond
+    2 as everywhere here, and in how many runs it raises the beyond-range loss more often than it lowers it. No test:
+    the rule reads attention's part only; this block says where the other parts stand beside it."""
+    data = _read(root)
+    if data is None:
+        return _not_run()
+    why = withheld(data)
+    rows_all = data["realstep"]
+    keep = [why.get(tuple(k), "") == "" for k in rows_all[SNAPSHOT].itertuples(index=False)]
+    d = rows_all[keep]
+    if d.empty:
+        return "Every snapshot is withheld (a failed instrument check, listed above): no part is read."
+    train, beyond = d[d.loss == "train"], d[(d.loss == "state") & (d.positions != "<=L")]
+
+    def updown(g: pd.DataFrame) -> str:
+        return f"{int((g.z > Z_DETECT).sum())} / {int((g.z < -Z_DETECT).sum())}"
+
+    rows = []
+    for part, name in PARTS:
+        if not (d.part == part).any():
+            continue
+        spans = [(f"{lo}–{hi}", lo, hi) for lo, hi in STEP_WINDOWS] + [("**all**", -math.inf, math.inf)]
+        for i, (label, lo, hi) in enumerate(spans):
+            at = (d.part == part) & (d.step >= lo) & (d.step <= hi)
+            t, b = train[at.loc[train.index]], beyond[at.loc[beyond.index]]
+            if t.empty and b.empty:
+                continue
+            lean = b.groupby(RUN).z.agg(lambda z: (z > Z_DETECT).sum() > (z < -Z_DETECT).sum())
+            rows.append([f"{name} (`{part}`)" if i == 0 else "", label, str(d[at].drop_duplicates(SNAPSHOT).shape[0]),
+                         pct(d[at].fraction_of_update.median()), updown(t), updown(b),
+                         f"{int(lean.sum())} of {len(lean)}"])
+    text = table(["part", "steps", "snapshots", "share of \\|u\\|, % median",
+                  "held-out training loss: raises / lowers (snapshots)",
+                  "state loss beyond L: raises / lowers (snapshot-windows)", "runs where raises > lowers beyond L"],
+                 rows)
+    full = train[train.part == "full"]
+    if full.empty:
+        return text
+    up = int((full.z > Z_DETECT).sum())
+    return text + (
+        f"\n\nThe whole update, at its real size, raised the held-out training loss (z > {Z_DETECT:g}) in {up} of "
+        f"{len(full)} snapshots ({pct(up / len(full))} %): one AdamW step is not a descent step on held-out batches "
+        "every time, so a one-step raise of a beyond-range loss by any part is read beside this rate, and beside the "
+        "matched random step's. Descriptive, not a test: written after the grid was seen; the counts pool runs, "
+        "steps and windows of positions, which are not independent.")
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
     "realstep-runs": realstep_runs,
     "realstep-checks": realstep_checks,
@@ -487,4 +544,5 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "realstep-steps": realstep_steps,
     "realstep-statement": realstep_statement,
     "realstep-direction": realstep_direction,
+    "realstep-parts": realstep_parts,
 }

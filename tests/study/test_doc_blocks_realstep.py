@@ -359,3 +359,38 @@ def test_the_direction_block_says_when_its_runs_could_not_reach_significance_at_
     text = blocks(S, write(S, tmp_path, effects, seeds=seeds))["realstep-direction"]
     assert "lowering it in 6 of the 6 runs" in text and "Descriptive, not a test" in text
     assert "cannot reach" not in text
+
+
+def _with_part(part: str, z_train: float, z_beyond: float, seeds=(40,)):
+    """An edit that adds ``part``'s rows (share 0.9) to every snapshot of ``seeds``: its z on the training loss and
+    in every window beyond L."""
+    def edit(d: pd.DataFrame) -> pd.DataFrame:
+        att = d[(d.part == "att") & d.seed.isin(seeds)]
+        add = att.assign(part=part, fraction_of_update=0.9, vs_matched=float("nan"), vs_matched_z=float("nan"),
+                         z=[z_train if p == "<=L" else z_beyond for p in att.positions])
+        return pd.concat([d, add], ignore_index=True)
+    return edit
+
+
+def test_the_parts_block_counts_each_part_s_raises_and_leaves_out_withheld_snapshots(S, tmp_path):
+    R, _ = S  # seed 40's momentum raises both losses everywhere; seed 41's lowers them; u raises seed 41's training loss
+    root = write(S, tmp_path, failed=frozenset({(40, R.STEPS[0])}))
+    _edit(root, "realstep", _with_part("momentum", 3.0, 5.0, seeds=(40,)))
+    _edit(root, "realstep", _with_part("momentum", -3.0, -5.0, seeds=(41,)))
+    _edit(root, "realstep", _with_part("full", 2.5, 0.0, seeds=(41,)))
+    text = blocks(S, root)["realstep-parts"]
+    rows = {}
+    part = None
+    for line in text.splitlines():
+        if line.startswith("| ") and not line.startswith("| part"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            part = cells[0] or part
+            rows[(part, cells[1])] = cells[2:]
+    n = len(R.STEPS)
+    # seed 40's first snapshot is withheld: n - 1 of its snapshots are read, n of seed 41's
+    assert rows[("the momentum term (`momentum`)", "**all**")] == [
+        str(2 * n - 1), "90.0", f"{n - 1} / {n}", f"{4 * (n - 1)} / {4 * n}", "1 of 2"]
+    assert rows[("attention's part (`att`)", "**all**")][2:] == [f"0 / {2 * n - 1}", "0 / 0", "0 of 2"]
+    assert rows[("the whole update u (`full`)", "**all**")][2] == f"{n} / 0"
+    assert f"raised the held-out training loss (z > 2) in {n} of {n} snapshots (100.0 %)" in text
+    assert "Descriptive, not a test" in text
