@@ -28,6 +28,11 @@ The decision rules, fixed before any run of these grids (the first two are the s
   where a factor theory allows is lost before 16x (the gap is what gradient descent found, not what the cell can
   represent), or where a factor theory rules out at arbitrary lengths is held to 16x (the lengths tested are too
   short to show the limit).
+- Fit before the comparison (added after the grids were read, when a review found ssm-positive-closed's state, held
+  in range by 1 of its 3 seeds, labelled "agree"): theory and a cell are compared on a factor only where the variant
+  fits it in range, i.e. every seed holds it there (>= HOLDS in range, ``fits_in_range``); elsewhere the comparison
+  is untested, since failing beyond lengths a cell does not fit says nothing about what it can count (the rule
+  sweeps/ssm_lr.toml fixed for ssm-positive, at HOLDS rather than its 99 %).
 - Schedules (the complex SSM): DAT, stopgrad-rnn and the cell alone each against the joint hybrid, state in
   (4x, 8x], one Holm family of 3; Welch interval, permutation p; a design that cannot reach adjusted p < 0.05 in
   that family is descriptive.
@@ -209,10 +214,25 @@ def lost_at(values: pd.DataFrame, name: str) -> str | None:
     return None
 
 
-def theory_verdict(variant: str, name: str, lost: str | None) -> str:
-    """Where theory and the trained cell part on one factor (the module docstring's rule)."""
+def fits_in_range(values: pd.DataFrame, name: str) -> tuple[int, int]:
+    """Seeds holding ``name`` in range (at or above HOLDS) and seeds measured there: the variant fits the factor in
+    range when the two are equal (the module docstring's fit rule)."""
+    v = values[_col(name, "0x_1x")].dropna() if _col(name, "0x_1x") in values else pd.Series(dtype=float)
+    return int((v >= HOLDS).sum()), len(v)
+
+
+FIT_TEXT = ("The theory column compares a factor only where the variant fits it in range (every seed at or above "
+            f"{pct(HOLDS)} % there); elsewhere it says \"untested\": failing beyond lengths a cell does not fit "
+            "says nothing about what it can count.")
+
+
+def theory_verdict(variant: str, name: str, lost: str | None, fit: tuple[int, int] | None = None) -> str:
+    """Where theory and the trained cell part on one factor (the module docstring's rule); ``fit`` (seeds holding it
+    in range, seeds measured): where fewer than all hold it there, untested (the fit rule)."""
     if lost == "–":
         return "–"
+    if fit is not None and fit[0] < fit[1]:
+        return f"untested: does not fit in range ({fit[0]} of {fit[1]} seeds at or above {pct(HOLDS)} % there)"
     rng, closed = _range_of(variant)
     allowed = name in ALLOWS.get(rng, ())
     how = "exactly" if closed else "to 16x with |a| near enough to 1; the state fades beyond"
@@ -244,7 +264,7 @@ def factor_table(values: pd.DataFrame, variants: list[str], theory: bool = True)
             lost = lost_at(part, name)
             row = [f"`{v}`", label, len(part), *[_cell(part[_col(name, w)]) for w, *_ in WINDOWS], pct(chance),
                    "held to 16x" if lost is None else lost]
-            rows.append(row + ([theory_verdict(v, name, lost)] if theory else []))
+            rows.append(row + ([theory_verdict(v, name, lost, fits_in_range(part, name))] if theory else []))
     return table(["variant", "factor", "seeds", *[lab for _, lab, _, _ in WINDOWS], "chance", "lost in",
                   *(["theory and the cell"] if theory else [])], rows)
 
@@ -325,7 +345,7 @@ def ssm_boundary(root: Path) -> str:
                "decides it); the table reads the runs so far, and its reading of them all is the finding.\n\n")
     text = (pending + "State and its factors per window of positions (%): mean over seeds · seeds at or above "
             f"{pct(HOLDS)} %; screening seeds {', '.join(map(str, SCREEN_SEEDS))} and, where collected, the "
-            f"extension's {EXTENSION_SEEDS[0]}-{EXTENSION_SEEDS[-1]}.\n\n"
+            f"extension's {EXTENSION_SEEDS[0]}-{EXTENSION_SEEDS[-1]}. {FIT_TEXT}\n\n"
             + factor_table(values, variants)
             + f"\n\nThe screen (state in (4x, 8x], each screening seed; the bar: {pct(SCREEN_BAR)} % in one seed):\n\n"
             + table(["variant", "screening seeds", "state (4x, 8x], each seed", "outcome"], rows))
@@ -495,7 +515,7 @@ def ssm_complex10(root: Path) -> str:
             f"first window whose mean over seeds falls below {pct(HOLDS)} %); {check}.\n\n"
             + table(["variant", "seeds", "learns Z_10", "state lost in", "parity lost in", "mod 5 lost in"], rows)
             + "\n\nEvery window per factor (%): mean over seeds · seeds at or above "
-            f"{pct(HOLDS)} %:\n\n" + factor_table(values, variants))
+            f"{pct(HOLDS)} %. {FIT_TEXT}\n\n" + factor_table(values, variants))
 
 
 def ssm_complex10_compare(root: Path) -> str:
@@ -599,6 +619,16 @@ def loss_reasons(best: pd.DataFrame, acc: pd.DataFrame, name: str) -> dict[str, 
     return out
 
 
+def channel_scope(best: pd.DataFrame) -> tuple[list[int], list[int]]:
+    """Per seed (``best``: its channel's row): the seeds whose run passes both controls of ``probe.transitions``
+    (reinit and shuffled_digits, which are per run: some channel of an order above 1 counts beyond 4 x L_train), and
+    the seeds whose channel read itself counts beyond 4x (its drift horizon reaches ``beyond``, 4 x L_train)."""
+    passed = [c for c in ("reinit", "shuffled_digits") if c in best]
+    ok = best[passed].eq(True).all(axis=1) if len(passed) == 2 else pd.Series(False, index=best.index)
+    counts = (best.best_horizon >= best.beyond) if {"best_horizon", "beyond"} <= set(best) else ok & False
+    return [int(x) for x in best.seed[ok]], [int(x) for x in best.seed[counts]]
+
+
 def fade_window_table(tr: pd.DataFrame, values: pd.DataFrame, variants: list[tuple[str, int]]) -> str:
     """Where each counting channel loses its state, beside where its factor is lost: per variant and order, over the
     seeds whose windows of fade were measured, each window's median fade through it · seeds whose channel keeps at
@@ -626,7 +656,10 @@ def fade_window_table(tr: pd.DataFrame, values: pd.DataFrame, variants: list[tup
             rows.append(["", "", "", "its phase error through the window", *[
                 f"{measured[c].median():.2f} · {int((measured[c] < 1).sum())}/{len(measured)}" for c in phase]])
             why = loss_reasons(measured, acc, name)
-            reasons.append([f"`{v}`", label, *[" ".join(map(str, why[k])) or "–" for k in why]])
+            scope = channel_scope(measured)
+            reasons.append([f"`{v}`", label, *[" ".join(map(str, why[k])) or "–" for k in why],
+                            *[f"{len(x)} of {len(measured)}: {' '.join(map(str, x))}" if x else f"0 of {len(measured)}"
+                              for x in scope]])
         rows.append(["", "", "", f"{label} accuracy", *[_cell(acc[_col(name, w)]) if _col(name, w) in acc else "–"
                                                         for w, *_ in WINDOWS]])
     text = (f"Where the channel loses its state: per seed, the same channel's fade through each window of positions "
@@ -645,8 +678,15 @@ def fade_window_table(tr: pd.DataFrame, values: pd.DataFrame, variants: list[tup
                  f"%, what its channel did there: its phase error reached a half-sector (its modulus kept at least "
                  f"{KEEPS:g}), its modulus kept less than {KEEPS:g} (its phase within a half-sector), both, or "
                  "neither (the channel read kept the state there, so the loss lies elsewhere: another channel, or "
-                 "the readout):\n\n" + table(["variant", "factor", "the phase", "the modulus", "both", "neither",
-                                               "held to 16x"], reasons))
+                 "the readout). The channel read is each seed's longest-horizon channel of the order, whatever that "
+                 "horizon; the last two columns give the reading's scope: the seeds whose run passes the controls of "
+                 "`probe.transitions` (reinit and shuffled_digits, both per run: the run has some channel of an order "
+                 "above 1 counting beyond 4 x L_train, a re-initialised model none, and its best counting horizon is "
+                 "at least twice the scrambled digits'), and the seeds whose channel read itself counts beyond 4x "
+                 "(its drift horizon reaches 4 x L_train). For a seed outside the last column the reading is of a "
+                 "channel that does not count beyond 4x:\n\n"
+                 + table(["variant", "factor", "the phase", "the modulus", "both", "neither", "held to 16x",
+                          "run's controls pass", "its channel counts beyond 4x"], reasons))
     if missing:
         text += ("\n\nNo fade per window measured (read before the columns existed; their checkpoints are not in "
                  "this checkout): " + ", ".join(missing) + ".")

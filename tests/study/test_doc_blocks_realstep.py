@@ -373,7 +373,8 @@ def _with_part(part: str, z_train: float, z_beyond: float, seeds=(40,)):
 
 
 def test_the_parts_block_counts_each_part_s_raises_and_leaves_out_withheld_snapshots(S, tmp_path):
-    R, _ = S  # seed 40's momentum raises both losses everywhere; seed 41's lowers them; u raises seed 41's training loss
+    # seed 40's momentum raises both losses everywhere; seed 41's lowers them; u raises seed 41's training loss
+    R, _ = S
     root = write(S, tmp_path, failed=frozenset({(40, R.STEPS[0])}))
     _edit(root, "realstep", _with_part("momentum", 3.0, 5.0, seeds=(40,)))
     _edit(root, "realstep", _with_part("momentum", -3.0, -5.0, seeds=(41,)))

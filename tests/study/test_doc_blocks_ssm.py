@@ -221,6 +221,50 @@ def test_theory_and_the_cell_agree_or_part_per_factor(B, tmp_path, screen_of_thr
     assert "| 64.0 · 0/3 |" in cplx["state (mod 10)"]
 
 
+def test_a_factor_not_fit_in_range_is_untested_and_one_fit_and_lost_beyond_agrees(B, tmp_path, monkeypatch):
+    # positive-closed: the state at 98 / 94 / 94 % in range (mean 95.3: "lost" only in (1x, 2x]), yet 1 of 3 seeds
+    # fits it, so theory and the cell are not compared on it; mod 5 at 100 % in range in every seed and lost beyond,
+    # which theory rules out: they agree
+    monkeypatch.setattr(B, "BOUNDARY_VARIANTS", ("ssm-positive-closed",))
+    root = _root(tmp_path)
+    runs = [("ssm-positive-closed", s, {"state": [a, 0.3, 0.1, 0.1, 0.1], "state_mod5": [1.0, 0.3, 0.2, 0.2, 0.2]})
+            for s, a in ((50, 0.98), (51, 0.94), (52, 0.94))]
+    _write(root, "ssm_boundary", runs)
+    text = B.ssm_boundary(root)
+    assert "The theory column compares a factor only where the variant fits it in range (every seed at or above " \
+           "95.0 % there)" in text
+    rows = {r.split(" | ")[1]: r for r in _rows(text.split("The screen")[0], "ssm-positive-closed")}
+    assert "| 95.3 · 1/3 |" in rows["state (mod 10)"] and "| (1x, 2x] |" in rows["state (mod 10)"]
+    untested = "| untested: does not fit in range (1 of 3 seeds at or above 95.0 % there) |"
+    assert rows["state (mod 10)"].endswith(untested)
+    assert "agree" not in rows["state (mod 10)"]
+    assert rows["mod 5"].endswith("| agree: theory rules it out at arbitrary lengths; lost in (1x, 2x] |")
+    # the rule on its own: every seed must fit, whatever the verdict would otherwise be
+    assert B.theory_verdict("ssm-complex-closed", "state", None, (2, 3)).startswith("untested")
+    assert B.theory_verdict("ssm-complex-closed", "state", None, (3, 3)).startswith("agree: theory allows it")
+
+
+def test_the_loss_reasons_say_which_seeds_pass_the_controls_and_whose_channel_counts_beyond_4x(B, tmp_path):
+    root = _root(tmp_path)
+    _boundary(root)  # negative-closed: parity 100 % in every window, seeds 50-52
+
+    def row(seed: int, horizon: float, passed: bool) -> dict:
+        return {"variant": "ssm-negative-closed", "seed": seed, "block": 0, "order": 2, "channels": 1, "of": 64,
+                "best_horizon": horizon, "beyond": 100, "fade_400": 0.5,
+                **{f"fade_win_{w}": 0.9 for w, *_ in B.WINDOWS}, **{f"phase_win_{w}": 0.1 for w, *_ in B.WINDOWS},
+                "median_fade_400": 0.0, "known_rotation": True, "reinit": passed, "shuffled_digits": passed}
+
+    # 50: controls pass, channel counts; 51: controls pass (through another channel), its channel drifts in 40 steps;
+    # 52: controls fail, and its channel does not count either
+    tr = [row(50, 1e6, True), row(51, 40.0, True), row(52, 40.0, False)]
+    pd.DataFrame(tr).to_csv(root / "study" / "results" / "ssm_boundary" / "transitions.csv", index=False)
+    assert B.channel_scope(pd.DataFrame(tr)) == ([50, 51], [50])
+    text = B.ssm_boundary_fade(root).split("Per seed, in the first window")[1]
+    assert "| run's controls pass | its channel counts beyond 4x |" in text
+    assert "a channel that does not count beyond 4x" in text
+    assert _rows(text, "ssm-negative-closed")[0].endswith("| 2 of 3: 50 51 | 1 of 3: 50 |")
+
+
 # --- the learning rate ------------------------------------------------------------------------------------------------
 def _lr(root: Path, in_range: dict[str, tuple[float, float]], at_2x_4x: float = 0.4, drop: str | None = None):
     runs = [(v, s, {"state": [acc, 0.8, at_2x_4x, 0.2, 0.1]}) for v, accs in in_range.items()
