@@ -366,8 +366,9 @@ def _with_part(part: str, z_train: float, z_beyond: float, seeds=(40,)):
     in every window beyond L."""
     def edit(d: pd.DataFrame) -> pd.DataFrame:
         att = d[(d.part == "att") & d.seed.isin(seeds)]
-        add = att.assign(part=part, fraction_of_update=0.9, vs_matched=float("nan"), vs_matched_z=float("nan"),
-                         z=[z_train if p == "<=L" else z_beyond for p in att.positions])
+        z = [z_train if p == "<=L" else z_beyond for p in att.positions]
+        add = att.assign(part=part, fraction_of_update=0.9, vs_matched=float("nan"), vs_matched_z=float("nan"), z=z,
+                         dL=[x * SE for x in z])
         return pd.concat([d, add], ignore_index=True)
     return edit
 
@@ -390,8 +391,8 @@ def test_the_parts_block_counts_each_part_s_raises_and_leaves_out_withheld_snaps
     n = len(R.STEPS)
     # seed 40's first snapshot is withheld: n - 1 of its snapshots are read, n of seed 41's
     assert rows[("the momentum term (`momentum`)", "**all**")] == [
-        str(2 * n - 1), "90.0", f"{n - 1} / {n}", f"{4 * (n - 1)} / {4 * n}", "1 of 2"]
-    assert rows[("attention's part (`att`)", "**all**")][2:] == [f"0 / {2 * n - 1}", "0 / 0", "0 of 2"]
+        str(2 * n - 1), "90.0", f"{n - 1} / {n}", f"{4 * (n - 1)} / {4 * n}", "+5.00e-04", "1 of 2"]
+    assert rows[("attention's part (`att`)", "**all**")][2:] == [f"0 / {2 * n - 1}", "0 / 0", "–", "0 of 2"]
     assert rows[("the whole update u (`full`)", "**all**")][2] == f"{n} / 0"
     assert f"raised the held-out training loss (z > 2) in {n} of {n} snapshots (100.0 %)" in text
     assert "Descriptive, not a test" in text
