@@ -58,6 +58,13 @@ removed, summed over the steps, is at least 95 % of the norm `stopgrad-rnn0` wou
 summed). Its reading is interpreted only when the norm matched in every seed: "harms" says an equal norm removed
 from the MLP paths does not do what the cut through attention does; "holds" says the amount of gradient removed may
 be what matters.
+
+R8. Precision: the ends' separation is confirmed in both precisions when R1 separates them in bf16 and, in the fp32
+twin (`sweeps/coadaptation2_fp32.toml`: `joint` and `stopgrad-rnn0` on the same seeds in plain fp32), `joint` is
+detectably below `stopgrad-rnn0` in (2x, 4x] by a single test (exact permutation p < 0.05, a family of one),
+counting only runs whose checkpoints record fp32. It holds in bf16 only when that test is run and detects no
+difference or the reverse; it is pending while the fp32 design cannot reach p < 0.05. The controls' readings (R2 to
+R7) are bf16 readings.
 """
 
 from __future__ import annotations
@@ -106,11 +113,26 @@ CAP_BOUND_MAX = 0.05
 MATCH_TOTAL_MIN = 0.95
 """R7: the placebo's norm matches in a seed when the cap bound on at most CAP_BOUND_MAX of its steps and it removed
 at least MATCH_TOTAL_MIN of the target norm over the run."""
-GRID_SEEDS = tuple(int(x) for x in tomllib.loads(
-    (Path(__file__).resolve().parents[1] / "sweeps" / f"{GRID}.toml").read_text())["seeds"])
+FP32_GRID = "coadaptation2_fp32"
+"""R8's grid: the two ends on the same seeds in plain fp32."""
+
+
+def _sweep_seeds(name: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in tomllib.loads(
+        (Path(__file__).resolve().parents[1] / "sweeps" / f"{name}.toml").read_text())["seeds"])
+
+
+GRID_SEEDS = _sweep_seeds(GRID)
 """sweeps/coadaptation2.toml's seeds: every variant runs each; the verdict is final once all are committed."""
-NOT_RUN = ("Not run yet: `python -m probe.sweep study/sweeps/coadaptation2.toml --out runs/coadaptation2`, then "
-           "`study/scripts/collect_grid.sh coadaptation2`.")
+FP32_SEEDS = _sweep_seeds(FP32_GRID)
+
+
+def _not_run(name: str) -> str:
+    return (f"Not run yet: `python -m probe.sweep study/sweeps/{name}.toml --out runs/{name}`, then "
+            f"`study/scripts/collect_grid.sh {name}`.")
+
+
+NOT_RUN = _not_run(GRID)
 MEASURES = {"beyond": "state in (2x, 4x] (points)", "state_1x": "state at 1x (points)",
             "loss": "final training loss"}
 WINDOWS = (("state_win_2x_4x", "state (2x, 4x]"), ("state_win_8x_16x", "state (8x, 16x]"),
@@ -120,12 +142,12 @@ WINDOWS = (("state_win_2x_4x", "state (2x, 4x]"), ("state_win_8x_16x", "state (8
 
 
 # --- the per-seed values ------------------------------------------------------------------------------------------
-def values(root: Path) -> pd.DataFrame | None:
-    """One row per committed run: variant, seed, the fit measures (``state_1x``, ``loss``: the last logged training
-    loss) and the windows; None before the grid is collected."""
-    if not (results_dir(root) / GRID / "runs.jsonl").is_file():
+def values(root: Path, name: str = GRID) -> pd.DataFrame | None:
+    """One row per committed run of grid ``name``: variant, seed, the fit measures (``state_1x``, ``loss``: the last
+    logged training loss), the windows, and where and in what precision it trained; None before it is collected."""
+    if not (results_dir(root) / name / "runs.jsonl").is_file():
         return None
-    grid = grid_of(root, GRID)
+    grid = grid_of(root, name)
     runs = grid.runs
     out = pd.DataFrame({"variant": runs.variant, "seed": runs.seed.astype(int), "state_1x": col(runs, "state_acc_1x"),
                         "beyond": col(runs, "state_win_2x_4x"), "precision": col(runs, "precision"),
@@ -472,14 +494,19 @@ def coadaptation_readings(root: Path) -> str:
             + f"\n\nThe ends (R1): {ends(beyond)}. The lag (R5): {lag}. Verdict rule (R6): ({result.rule}).")
 
 
+def _committed(v: pd.DataFrame, variants: tuple[str, ...], seeds: tuple[int, ...]) -> set[tuple[str, int]]:
+    """The (variant, seed) runs of a sweep's design that are committed with their state in (2x, 4x]."""
+    expected = {(x, s) for x in variants for s in seeds}
+    return expected & {(x, int(s)) for x, s in v.loc[v.beyond.notna(), ["variant", "seed"]].itertuples(index=False)}
+
+
 def coadaptation_verdict(root: Path) -> str:
     """The verdict on co-adaptation (R6) and the placebo's reading (R7)."""
     v = values(root)
     if v is None:
         return NOT_RUN + " Until it runs, co-adaptation is untested, not refuted."
     result, readings, beyond, _ = verdict(v)
-    expected = {(x, s) for x in VARIANTS for s in GRID_SEEDS}
-    have = expected & {(x, int(s)) for x, s in v.loc[v.beyond.notna(), ["variant", "seed"]].itertuples(index=False)}
+    expected, have = {(x, s) for x in VARIANTS for s in GRID_SEEDS}, _committed(v, VARIANTS, GRID_SEEDS)
     # a verdict read at every collection of a grid in progress would be a test repeated until it passes
     pending = ("" if have == expected else
                f"Provisional ({len(have)} of the grid's {len(expected)} runs committed; the verdict is the rules' "
@@ -515,6 +542,91 @@ def coadaptation_placebo(root: Path) -> str:
               f"{len(cap)} seeds.")
 
 
+# --- the ends in fp32 (R8) ------------------------------------------------------------------------------------------
+ENDS = (JOINT, CUT)
+
+
+def fp32_values(root: Path) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """R8's runs: the fp32 twin's committed runs of the two ends whose checkpoints record fp32, and those left out
+    (recorded otherwise, or not recorded); None before the twin is collected."""
+    v = values(root, FP32_GRID)
+    if v is None:
+        return None
+    v = v[v.variant.isin(ENDS)]
+    fp32 = v.precision.astype(str).eq("fp32")
+    return v[fp32].reset_index(drop=True), v[~fp32].reset_index(drop=True)
+
+
+@dataclass(frozen=True)
+class PrecisionReading:
+    reading: str
+    """"confirmed", "bf16 only", "pending" or "not read"."""
+    comparison: Comparison | None
+    text: str
+
+
+def precision_reading(root: Path) -> PrecisionReading | None:
+    """R8 on the committed runs; None before the fp32 twin is collected."""
+    got = fp32_values(root)
+    if got is None:
+        return None
+    v32, _ = got
+    bf = values(root)
+    state = "untested" if bf is None else ends(family(bf, BEYOND_PAIRS))
+    cmp = family(v32, [(JOINT, CUT, "beyond")]).get((JOINT, CUT, "beyond"))
+    if state != "separated":
+        why = {"untested": "R1 cannot yet test the bf16 ends", "not separated": "R1 does not separate the bf16 ends"}
+        return PrecisionReading("not read", cmp, f"Not read: {why[state]}, so there is no separation to confirm.")
+    if cmp is None or not cmp.testable:
+        n, m = (0, 0) if cmp is None else (cmp.n, cmp.m)
+        why = (f"{n} vs {m} fp32 seeds cannot reach p < {ALPHA} (smallest attainable "
+               f"{min_adjusted_text('seeds', n, m, 1)})" if n and m else "an end has no committed fp32 run")
+        return PrecisionReading("pending", cmp, f"Pending: {why}; the separation is a bf16 finding so far.")
+    said = (f"`joint` − `stopgrad-rnn0` in (2x, 4x], fp32: {_points(cmp)} points at {cmp.n} vs {cmp.m} seeds, exact "
+            f"p {p_text(cmp.p)}")
+    if cmp.direction == "below":
+        return PrecisionReading("confirmed", cmp, f"Confirmed in both precisions: {said}, detectably below, as in "
+                                                  "bf16 by R1.")
+    found = "detectably above: the reverse" if cmp.direction == "above" else "no difference detected"
+    return PrecisionReading("bf16 only", cmp, f"In bf16 only: {said}, {found}.")
+
+
+def coadaptation_fp32(root: Path) -> str:
+    """R8: per seed, each end's state in (2x, 4x] in bf16 beside fp32, the fp32 test and its reading."""
+    got = fp32_values(root)
+    if got is None:
+        return _not_run(FP32_GRID) + " Until it runs, the ends' separation is a bf16 finding."
+    v32, left = got
+    bf = values(root)
+    bf = bf if bf is not None else v32.iloc[:0]
+    seeds = sorted(set(v32.seed) | set(bf.loc[bf.variant.isin(ENDS), "seed"]))
+
+    def at(v: pd.DataFrame, x: str, s: int, c: str = "beyond") -> str:
+        r = v.loc[(v.variant == x) & (v.seed == s), c]
+        return pct(r.iloc[0]) if len(r) else "–"
+
+    rows = [[s, *[at(frame, x, s) for x in ENDS for frame in (bf, v32)]] for s in seeds]
+    rows.append(["mean · seeds at 95 % or more",
+                 *[_cell(_of(frame, x, "beyond")) for x in ENDS for frame in (bf, v32)]])
+    out = [table(["seed", *[f"`{x}` {p}" for x in ENDS for p in ("bf16", "fp32")]], rows)]
+    fit = "; ".join(f"`{x}` state at 1x {_cell(_of(v32, x, 'state_1x'))}, (8x, 16x] "
+                    f"{_cell(_of(v32, x, 'state_win_8x_16x'))}" for x in ENDS)
+    out.append(f"In fp32: {fit}. {precision_sentence(v32) if len(v32) else ''} "
+               f"{device_sentence(v32) if len(v32) else ''}".replace("  ", " ").rstrip())
+    if len(left):
+        named = ", ".join(f"`{r.variant}` seed {r.seed} ({r.precision})" for r in left.itertuples())
+        out.append(f"Left out, not recorded as fp32: {named}.")
+    # like the verdict, R8 is read on complete grids: a reading repeated at every collection would be a test repeated
+    # until it passes
+    counts = [(len(_committed(frame, ENDS, seeds_of)), len(ENDS) * len(seeds_of), what)
+              for frame, seeds_of, what in ((bf, GRID_SEEDS, "bf16"), (v32, FP32_SEEDS, "fp32"))]
+    pending = ("" if all(k == n for k, n, _ in counts) else
+               "Provisional (" + "; ".join(f"{k} of the {n} {what} runs of the ends committed" for k, n, what in counts)
+               + "): ")
+    out.append(f"{pending}**{precision_reading(root).text}**")
+    return "\n\n".join(out)
+
+
 def rules() -> list[str]:
     """The pre-registered rules as this docstring states them, each on one line (the docs must state them alike)."""
     text = re.sub(r"\s+", " ", __doc__)
@@ -528,4 +640,5 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "coadaptation-readings": coadaptation_readings,
     "coadaptation-verdict": coadaptation_verdict,
     "coadaptation-placebo": coadaptation_placebo,
+    "coadaptation-fp32": coadaptation_fp32,
 }

@@ -231,6 +231,55 @@ def test_the_placebo_is_read_only_from_a_cap_log_of_its_own_seeds(D, tmp_path):
     assert "| 99 |" not in table and "in 7 of 7 seeds" in table  # the table shows what R7 reads
 
 
+# --- the ends in fp32 (R8) ---------------------------------------------------------------------------------------
+def _write_fp32(root: Path, spec: dict, seeds=SEEDS, precision: str = "fp32", rng_seed: int = 1) -> Path:
+    """study/results/coadaptation2_fp32/: the two ends' runs, each recording ``precision``."""
+    grid = _grid(spec, seeds, rng_seed)
+    grid.runs["precision"] = precision
+    write_grid(grid, root / "study" / "results" / "coadaptation2_fp32")
+    return root
+
+
+def test_the_ends_are_confirmed_in_both_precisions_only_when_fp32_separates_them_too(D, tmp_path):
+    B, _ = D
+    root = _write_fp32(_write(tmp_path, D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS})
+    r = B.precision_reading(root)
+    assert r.reading == "confirmed" and r.comparison.direction == "below" and r.comparison.family == 1
+    text = B.coadaptation_fp32(root)
+    assert "**Confirmed in both precisions" in text and "Provisional" not in text  # both grids complete
+    assert text.startswith("| seed | `joint` bf16 | `joint` fp32 | `stopgrad-rnn0` bf16 | `stopgrad-rnn0` fp32 |")
+    # fp32 runs whose cut holds no better than joint: the separation is bf16's only
+    same = _write_fp32(_write(tmp_path / "same", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HARMS})
+    r = B.precision_reading(same)
+    assert r.reading == "bf16 only" and "no difference detected" in r.text
+    # bf16 ends that do not separate leave nothing to confirm, whatever fp32 shows
+    flat = _write_fp32(_write(tmp_path / "flat", D, _spec(joint=HOLDS)), {"joint": HARMS, "stopgrad-rnn0": HOLDS})
+    assert B.precision_reading(flat).reading == "not read"
+
+
+def test_fp32_ends_too_few_to_test_are_pending_and_provisional(D, tmp_path):
+    B, _ = D
+    root = _write_fp32(_write(tmp_path, D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS}, seeds=SEEDS[:3])
+    r = B.precision_reading(root)
+    assert r.reading == "pending" and not r.comparison.testable and "3 vs 3 fp32 seeds cannot reach" in r.text
+    text = B.coadaptation_fp32(root)
+    assert "Provisional (16 of the 16 bf16 runs of the ends committed; 6 of the 16 fp32 runs" in text
+    # 4 vs 4 is the smallest design a single test can decide (exact p at least 2/70)
+    four = _write_fp32(_write(tmp_path / "four", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS},
+                       seeds=SEEDS[:4])
+    assert B.precision_reading(four).reading == "confirmed"
+
+
+def test_runs_that_did_not_record_fp32_are_not_counted_as_fp32(D, tmp_path):
+    """The broken method this catches: a twin whose runs fell back to bf16 (``train.precision=auto`` on a CPU with
+    bf16 kernels, or a resume there) would confirm bf16 with bf16. Such runs are named and left out."""
+    B, _ = D
+    root = _write_fp32(_write(tmp_path, D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS}, precision="bf16")
+    r = B.precision_reading(root)
+    assert r.reading == "pending" and "an end has no committed fp32 run" in r.text
+    assert "Left out, not recorded as fp32: `joint` seed 20 (bf16)" in B.coadaptation_fp32(root)
+
+
 # --- what the doc shows -------------------------------------------------------------------------------------------
 def test_the_tables_show_fit_and_windows_per_variant_and_every_p_with_its_design(D, tmp_path):
     B, _ = D
@@ -305,7 +354,7 @@ def test_the_rules_in_the_docs_are_the_modules_verbatim(D):
     B, _ = D
     doc = re.sub(r"\s+", " ", (ROOT / "study" / "docs" / "mechanism.md").read_text())
     rules = B.rules()
-    assert [r.split(".")[0] for r in rules] == [f"R{i}" for i in range(1, 8)]
+    assert [r.split(".")[0] for r in rules] == [f"R{i}" for i in range(1, 9)]
     missing = [r[:60] for r in rules if r not in doc]
     assert not missing, f"study/docs/mechanism.md does not state these rules as the module does: {missing}"
 
