@@ -539,7 +539,20 @@ def coadaptation_placebo(root: Path) -> str:
                    "share of the MLP path removed, median / max (%)", "matched (R7)"], rows)
             + f"\n\nMatched (R7: cap bound on at most {pct(CAP_BOUND_MAX)} % of steps, at least "
               f"{pct(MATCH_TOTAL_MIN)} % of the target removed over the run) in {int(cap.matched.sum())} of "
-              f"{len(cap)} seeds.")
+              f"{len(cap)} seeds. " + _cap_summary(cap))
+
+
+def _cap_summary(cap: pd.DataFrame) -> str:
+    """What the prose says of the placebo's cap, over the seeds shown: the range of each share and how many seeds'
+    MLP paths carried less than attention's path at the median step."""
+    def span(x: pd.Series) -> str:
+        lo, hi = pct(x.min()), pct(x.max())
+        return f"{lo} %" if lo == hi else f"{lo}–{hi} %"
+
+    below = int((cap.mlp_norm_median < cap.attention_norm_median).sum())
+    return (f"Over these {len(cap)} seeds the cap bound on {span(cap.bound_steps / cap.steps)} of the steps, the "
+            f"placebo removed {span(cap.ratio_total)} of the target summed over the run, and the MLP paths' median "
+            f"norm was below attention's path's in {below} of {len(cap)}.")
 
 
 # --- the ends in fp32 (R8) ------------------------------------------------------------------------------------------

@@ -214,6 +214,11 @@ def test_an_unmatched_placebo_is_not_interpreted(D, tmp_path):
     assert "matched in 0 of 8 seeds only" in text and "not interpreted" in text
     table = B.coadaptation_placebo(root)
     assert "| 20 | 100 | 20 (20.0 %) |" in table and "in 0 of 8 seeds" in table
+    # the summary the prose leans on: the cap bound on 20 of 100 steps, where half the target was removed (0.9 in all),
+    # and the MLP path (2.0 at the median step) carried more than attention's (1.0)
+    assert table.endswith("Over these 8 seeds the cap bound on 20.0 % of the steps, the placebo removed 90.0 % of the "
+                          "target summed over the run, and the MLP paths' median norm was below attention's path's "
+                          "in 0 of 8.")
     assert "in 8 of 8 seeds" in B.coadaptation_placebo(_write(tmp_path / "ok", D, _spec()))
 
 
