@@ -593,7 +593,8 @@ def precision_reading(root: Path) -> PrecisionReading | None:
     if cmp is None or not cmp.testable:
         n, m = (0, 0) if cmp is None else (cmp.n, cmp.m)
         why = (f"{n} vs {m} fp32 seeds cannot reach p < {ALPHA} (smallest attainable "
-               f"{min_adjusted_text('seeds', n, m, 1)})" if n and m else "an end has no committed fp32 run")
+               f"{min_adjusted_text('seeds', n, m, 1)})" if n and m
+               else "an end has no committed fp32 run with its state in (2x, 4x]")
         return PrecisionReading("pending", cmp, f"Pending: {why}; the separation is a bf16 finding so far.")
     said = (f"`joint` − `stopgrad-rnn0` in (2x, 4x], fp32: {_points(cmp)} points at {cmp.n} vs {cmp.m} seeds, exact "
             f"p {p_text(cmp.p)}")
