@@ -3,7 +3,8 @@ that tell co-adaptation from "a mismatched injected gradient harms"): each a fun
 
 Co-adaptation, the reading under test: the joint hybrid's cliff comes from block 0's LSTM learning through an
 attention that is itself learning. The rules below were written, here and in study/docs/mechanism.md, before any run
-of the grid existed; the blocks apply them and nothing else (tests/study/test_doc_blocks_coadaptation.py checks that
+of the grid existed, except R8 (its fp32 twin), written after the bf16 ends had separated provisionally and before
+any run of the twin; the blocks apply them and nothing else (tests/study/test_doc_blocks_coadaptation.py checks that
 the two texts agree and that every verdict is reachable).
 
 Measures, per seed. Beyond range: the state's token accuracy at stream positions in (2x, 4x] (windows.csv, the
@@ -61,10 +62,11 @@ be what matters.
 
 R8. Precision: the ends' separation is confirmed in both precisions when R1 separates them in bf16 and, in the fp32
 twin (`sweeps/coadaptation2_fp32.toml`: `joint` and `stopgrad-rnn0` on the same seeds in plain fp32), `joint` is
-detectably below `stopgrad-rnn0` in (2x, 4x] by a single test (exact permutation p < 0.05, a family of one),
-counting only runs whose checkpoints record fp32. It holds in bf16 only when that test is run and detects no
-difference or the reverse; it is pending while the fp32 design cannot reach p < 0.05. The controls' readings (R2 to
-R7) are bf16 readings.
+detectably below `stopgrad-rnn0` in (2x, 4x] by a single two-sample test as in R1 (exact permutation p < 0.05, a
+family of one), counting only runs whose checkpoints record fp32 for the whole run. It is not confirmed in fp32 when
+that test is run and detects no difference or the reverse; it is pending while the fp32 design cannot reach p <
+0.05; it is not read while R1 does not separate the bf16 ends. The reading is final once every run of the ends in
+both grids is committed, provisional before. The controls' readings (R2 to R7) are bf16 readings.
 """
 
 from __future__ import annotations
@@ -566,6 +568,9 @@ def fp32_values(root: Path) -> tuple[pd.DataFrame, pd.DataFrame] | None:
     if v is None:
         return None
     v = v[v.variant.isin(ENDS)]
+    # exactly "fp32": a run resumed in another precision reads "bf16 (from step 0), fp32 (from step N)" and is left
+    # out. The column is the checkpoint's record (probe.hardware.trained_as) wherever final.pt was read; a run folder
+    # without one gives its config's request, but such a run has no evaluation either, so no state in (2x, 4x] to count
     fp32 = v.precision.astype(str).eq("fp32")
     return v[fp32].reset_index(drop=True), v[~fp32].reset_index(drop=True)
 
@@ -573,7 +578,7 @@ def fp32_values(root: Path) -> tuple[pd.DataFrame, pd.DataFrame] | None:
 @dataclass(frozen=True)
 class PrecisionReading:
     reading: str
-    """"confirmed", "bf16 only", "pending" or "not read"."""
+    """"confirmed", "not confirmed", "pending" or "not read"."""
     comparison: Comparison | None
     text: str
 
@@ -602,7 +607,7 @@ def precision_reading(root: Path) -> PrecisionReading | None:
         return PrecisionReading("confirmed", cmp, f"Confirmed in both precisions: {said}, detectably below, as in "
                                                   "bf16 by R1.")
     found = "detectably above: the reverse" if cmp.direction == "above" else "no difference detected"
-    return PrecisionReading("bf16 only", cmp, f"In bf16 only: {said}, {found}.")
+    return PrecisionReading("not confirmed", cmp, f"Not confirmed in fp32: {said}, {found}.")
 
 
 def coadaptation_fp32(root: Path) -> str:
@@ -620,7 +625,7 @@ def coadaptation_fp32(root: Path) -> str:
         return pct(r.iloc[0]) if len(r) else "–"
 
     rows = [[s, *[at(frame, x, s) for x in ENDS for frame in (bf, v32)]] for s in seeds]
-    rows.append(["mean · seeds at 95 % or more",
+    rows.append(["mean · seeds at 95 % or more (each column's own seeds)",
                  *[_cell(_of(frame, x, "beyond")) for x in ENDS for frame in (bf, v32)]])
     out = [table(["seed", *[f"`{x}` {p}" for x in ENDS for p in ("bf16", "fp32")]], rows)]
     fit = "; ".join(f"`{x}` state at 1x {_cell(_of(v32, x, 'state_1x'))}, (8x, 16x] "

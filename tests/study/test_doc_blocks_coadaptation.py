@@ -253,10 +253,14 @@ def test_the_ends_are_confirmed_in_both_precisions_only_when_fp32_separates_them
     text = B.coadaptation_fp32(root)
     assert "**Confirmed in both precisions" in text and "Provisional" not in text  # both grids complete
     assert text.startswith("| seed | `joint` bf16 | `joint` fp32 | `stopgrad-rnn0` bf16 | `stopgrad-rnn0` fp32 |")
-    # fp32 runs whose cut holds no better than joint: the separation is bf16's only
+    # fp32 runs whose cut holds no better than joint: not confirmed, and not said to differ between precisions
     same = _write_fp32(_write(tmp_path / "same", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HARMS})
     r = B.precision_reading(same)
-    assert r.reading == "bf16 only" and "no difference detected" in r.text
+    assert r.reading == "not confirmed" and r.text.endswith("no difference detected.")
+    # the reverse in fp32 is named as such
+    rev = _write_fp32(_write(tmp_path / "rev", D, _spec()), {"joint": HOLDS, "stopgrad-rnn0": HARMS})
+    r = B.precision_reading(rev)
+    assert r.reading == "not confirmed" and r.comparison.direction == "above" and "the reverse" in r.text
     # bf16 ends that do not separate leave nothing to confirm, whatever fp32 shows
     flat = _write_fp32(_write(tmp_path / "flat", D, _spec(joint=HOLDS)), {"joint": HARMS, "stopgrad-rnn0": HOLDS})
     assert B.precision_reading(flat).reading == "not read"
@@ -273,6 +277,9 @@ def test_fp32_ends_too_few_to_test_are_pending_and_provisional(D, tmp_path):
     four = _write_fp32(_write(tmp_path / "four", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS},
                        seeds=SEEDS[:4])
     assert B.precision_reading(four).reading == "confirmed"
+    # a reading on half the twin is labelled as such, never shown as the final one
+    text = B.coadaptation_fp32(four)
+    assert "Provisional (16 of the 16 bf16 runs of the ends committed; 8 of the 16 fp32 runs" in text
 
 
 def test_runs_that_did_not_record_fp32_are_not_counted_as_fp32(D, tmp_path):
@@ -283,6 +290,13 @@ def test_runs_that_did_not_record_fp32_are_not_counted_as_fp32(D, tmp_path):
     r = B.precision_reading(root)
     assert r.reading == "pending" and "an end has no committed fp32 run" in r.text
     assert "Left out, not recorded as fp32: `joint` seed 20 (bf16)" in B.coadaptation_fp32(root)
+    # a run resumed in another precision names both: it is not an fp32 run either (a filter that looked for "fp32"
+    # anywhere in the record would count it)
+    mixed = "bf16 (from step 0), fp32 (from step 2500)"
+    root = _write_fp32(_write(tmp_path / "mixed", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS},
+                       precision=mixed)
+    assert B.precision_reading(root).reading == "pending"
+    assert f"`stopgrad-rnn0` seed 27 ({mixed})" in B.coadaptation_fp32(root)
 
 
 # --- what the doc shows -------------------------------------------------------------------------------------------
