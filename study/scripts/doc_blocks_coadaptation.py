@@ -502,17 +502,48 @@ def _committed(v: pd.DataFrame, variants: tuple[str, ...], seeds: tuple[int, ...
     return expected & {(x, int(s)) for x, s in v.loc[v.beyond.notna(), ["variant", "seed"]].itertuples(index=False)}
 
 
+def settled(v: pd.DataFrame, result: Verdict, beyond: dict, fit: dict) -> bool:
+    """Whether a verdict read on part of the grid is already the complete grid's: so far only rule (b), once the
+    runs it rests on are all in and its detections cannot be undone by the runs still to come.
+    (b) needs R1's separation and `random-path` harming beyond range (detectably below `stopgrad-rnn0`); with
+    `random-path`'s fit comparisons tested, it then reads "harms" or "fails to fit", (b) either way. Once `joint`,
+    `stopgrad-rnn0` and `random-path` have every seed committed, those values are final, and only Holm's adjustment
+    can still move as other pairs become tests. Holm's adjusted p of a test is at most the family's size times the
+    largest p at or below its own, so a detection whose family size times p is below ALPHA stays a detection whatever
+    the other pairs give."""
+    if result.rule != "b":
+        return False
+    rp = "random-path"
+    if _committed(v, (JOINT, CUT, rp), GRID_SEEDS) != {(x, s) for x in (JOINT, CUT, rp) for s in GRID_SEEDS}:
+        return False
+    tested = [fit.get((rp, CUT, m)) for m in ("state_1x", "loss")]
+    if not all(c is not None and c.testable for c in tested):
+        return False
+    needed = [beyond.get((JOINT, CUT, "beyond")), beyond.get((rp, CUT, "beyond"))]
+    return all(c is not None and c.testable and c.estimate < 0 and c.family * c.p < ALPHA for c in needed)
+
+
 def coadaptation_verdict(root: Path) -> str:
     """The verdict on co-adaptation (R6) and the placebo's reading (R7)."""
     v = values(root)
     if v is None:
         return NOT_RUN + " Until it runs, co-adaptation is untested, not refuted."
-    result, readings, beyond, _ = verdict(v)
+    result, readings, beyond, fit = verdict(v)
     expected, have = {(x, s) for x in VARIANTS for s in GRID_SEEDS}, _committed(v, VARIANTS, GRID_SEEDS)
     # a verdict read at every collection of a grid in progress would be a test repeated until it passes
-    pending = ("" if have == expected else
-               f"Provisional ({len(have)} of the grid's {len(expected)} runs committed; the verdict is the rules' "
-               "reading of the complete grid, this is their reading of the runs so far): ")
+    if have == expected:
+        pending = ""
+    elif settled(v, result, beyond, fit):
+        pending = (f"Settled with {len(have)} of the grid's {len(expected)} runs committed (the verdict is the rules' "
+                   "reading of the complete grid, and the runs still to come cannot change this one: `joint`, "
+                   "`stopgrad-rnn0` and `random-path` have every seed in, and the two detections rule (b) rests "
+                   f"on stay below {ALPHA} at the family's whole size, "
+                   + ", ".join(f"{c.family} × {c.p:.2g} = {c.family * c.p:.3f}"
+                               for c in (beyond[(JOINT, CUT, 'beyond')], beyond[('random-path', CUT, 'beyond')]))
+                   + ", whatever Holm's adjustment becomes): ")
+    else:
+        pending = (f"Provisional ({len(have)} of the grid's {len(expected)} runs committed; the verdict is the rules' "
+                   "reading of the complete grid, this is their reading of the runs so far): ")
     return (f"{pending}**{result.text}**\n\n"
             + placebo_sentence(root, v, readings, ends(beyond) == "separated"))
 

@@ -4,6 +4,7 @@ placebo's cap summary is right on a real tiny placebo run collected through the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -151,6 +152,29 @@ def test_a_random_direction_that_harms_leaves_co_adaptation_untested(D, tmp_path
     result, readings, _, _ = _verdict(D, _write(tmp_path, D, _spec(random_path=HARMS)))
     assert readings["random-path"] == "harms" and result.rule == "b"
     assert result.text.startswith("Co-adaptation untested by these controls")
+
+
+def test_a_verdict_b_is_settled_before_the_grid_is_complete_only_when_no_later_run_can_undo_it(D, tmp_path):
+    """(b) rests on `joint`, `stopgrad-rnn0` and `random-path` alone: with every seed of those in and both detections
+    below 0.05 at the family's whole size, the runs still to come cannot change it. Each condition can fail."""
+    B, _ = D
+    three = {k: v for k, v in _spec(random_path=HARMS).items() if k in (B.JOINT, B.CUT, "random-path")}
+    text = B.coadaptation_verdict(_write(tmp_path / "in", D, three))
+    assert text.startswith("Settled with 24 of the grid's 64 runs committed") and "**Co-adaptation untested" in text
+    # one seed of random-path missing: its values may still move
+    part = B.coadaptation_verdict(_write(tmp_path / "part", D, three, seeds=SEEDS[:7]))
+    assert part.startswith("Provisional (21 of the grid's 64 runs committed;")
+    # a detection that only Holm's current step-down makes (14 x p >= 0.05) could be undone as other pairs become tests
+    root = _write(tmp_path / "bound", D, three)
+    v = B.values(root)
+    result, _, beyond, fit = B.verdict(v)
+    assert B.settled(v, result, beyond, fit)
+    key = ("random-path", B.CUT, "beyond")
+    beyond[key] = dataclasses.replace(beyond[key], p=0.004, p_holm=0.04)
+    assert beyond[key].direction == "below" and not B.settled(v, result, beyond, fit)
+    # any other rule is never called settled early
+    other = {k: v for k, v in _spec().items() if k in (B.JOINT, B.CUT, "random-path")}
+    assert B.coadaptation_verdict(_write(tmp_path / "c", D, other)).startswith("Provisional")
 
 
 def test_a_random_direction_that_fails_to_fit_leaves_it_untested_too(D, tmp_path):
