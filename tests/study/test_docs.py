@@ -70,6 +70,31 @@ def test_every_command_in_the_readme_s_table_runs_as_a_module():
     assert not missing, f"README names commands that python -m cannot run: {missing}"
 
 
+def _table_names(text: str) -> set[str]:
+    """The top folder of every `name`, `name/` or `name/file` in the first column of a markdown table."""
+    names = set()
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            names |= {n.split("/")[0] for n in re.findall(r"`([^`]+)`", line.split(" | ")[0])}
+    return names
+
+
+def test_every_grid_and_every_results_entry_has_a_row_in_its_index():
+    """A grid file added to study/sweeps/ or a folder added to study/results/ without a row saying what it holds fails
+    here (study/README.md's grid table; study/results/README.md's folder table)."""
+    grids = _table_names((ROOT / "study" / "README.md").read_text())
+    missing = sorted(p.stem for p in (ROOT / "study" / "sweeps").glob("*.toml") if p.stem not in grids)
+    assert not missing, f"study/README.md's grid table has no row for {missing}"
+    entries = _table_names((ROOT / "study" / "results" / "README.md").read_text())
+    missing = sorted(p.name for p in (ROOT / "study" / "results").iterdir()
+                     if p.name != "README.md" and p.name not in entries)
+    assert not missing, f"study/results/README.md's table has no row for {missing}"
+
+
+def test_the_index_check_sees_a_missing_row():
+    assert _table_names("| `a/`, `b`, `f/g.json` | x `c` |\n| d | `e` |") == {"a", "b", "f"}
+
+
 DOCUMENTS = [ROOT / "README.md", ROOT / "figures" / "README.md", *sorted((ROOT / "docs").rglob("*.md")),
              *sorted((ROOT / "study").rglob("*.md"))]
 
