@@ -496,10 +496,15 @@ def coadaptation_readings(root: Path) -> str:
             + f"\n\nThe ends (R1): {ends(beyond)}. The lag (R5): {lag}. Verdict rule (R6): ({result.rule}).")
 
 
+def _design(variants: tuple[str, ...], seeds: tuple[int, ...]) -> set[tuple[str, int]]:
+    """The (variant, seed) runs of a sweep's design."""
+    return {(x, s) for x in variants for s in seeds}
+
+
 def _committed(v: pd.DataFrame, variants: tuple[str, ...], seeds: tuple[int, ...]) -> set[tuple[str, int]]:
     """The (variant, seed) runs of a sweep's design that are committed with their state in (2x, 4x]."""
-    expected = {(x, s) for x in variants for s in seeds}
-    return expected & {(x, int(s)) for x, s in v.loc[v.beyond.notna(), ["variant", "seed"]].itertuples(index=False)}
+    have = v.loc[v.beyond.notna(), ["variant", "seed"]].itertuples(index=False)
+    return _design(variants, seeds) & {(x, int(s)) for x, s in have}
 
 
 def settled(v: pd.DataFrame, result: Verdict, beyond: dict, fit: dict) -> bool:
@@ -514,7 +519,7 @@ def settled(v: pd.DataFrame, result: Verdict, beyond: dict, fit: dict) -> bool:
     if result.rule != "b":
         return False
     rp = "random-path"
-    if _committed(v, (JOINT, CUT, rp), GRID_SEEDS) != {(x, s) for x in (JOINT, CUT, rp) for s in GRID_SEEDS}:
+    if _committed(v, (JOINT, CUT, rp), GRID_SEEDS) != _design((JOINT, CUT, rp), GRID_SEEDS):
         return False
     tested = [fit.get((rp, CUT, m)) for m in ("state_1x", "loss")]
     if not all(c is not None and c.testable for c in tested):
@@ -529,7 +534,7 @@ def coadaptation_verdict(root: Path) -> str:
     if v is None:
         return NOT_RUN + " Until it runs, co-adaptation is untested, not refuted."
     result, readings, beyond, fit = verdict(v)
-    expected, have = {(x, s) for x in VARIANTS for s in GRID_SEEDS}, _committed(v, VARIANTS, GRID_SEEDS)
+    expected, have = _design(VARIANTS, GRID_SEEDS), _committed(v, VARIANTS, GRID_SEEDS)
     # a verdict read at every collection of a grid in progress would be a test repeated until it passes
     if have == expected:
         pending = ""
