@@ -682,6 +682,60 @@ def coadaptation_fp32(root: Path) -> str:
     return "\n\n".join(out)
 
 
+# --- the study's front page -----------------------------------------------------------------------------------------
+def _against(c: Comparison | None) -> str:
+    """A comparison as the front page quotes it: its result, the difference in points with its interval, Holm's p."""
+    if c is None:
+        return "not run yet"
+    diff = _difference(c) + ("" if c.measure == "loss" else " points")
+    if not c.testable:
+        return f"{diff} at {c.n} vs {c.m} seeds, descriptive only"
+    found = {"below": "detectably below", "above": "detectably above"}.get(c.direction, "no difference detected")
+    return f"{found} ({diff}, Holm p {p_text(c.p_holm)})"
+
+
+def _holding(v: pd.DataFrame, variant: str, measure: str) -> str:
+    """"k of n seeds (the others: seed s at x %, ...)" for a variant's seeds at HOLDS or more in ``measure``."""
+    r = v[(v.variant == variant) & v[measure].notna()]
+    short = r[r[measure] < HOLDS]
+    others = "; ".join(f"seed {int(x.seed)} at {pct(getattr(x, measure))} %" for x in short.itertuples())
+    return f"{len(r) - len(short)} of {len(r)} seeds" + (f" (the others: {others})" if 0 < len(short) < len(r) else "")
+
+
+def coadaptation_readme(root: Path) -> str:
+    """study/README.md's paragraph on the co-adaptation controls: the ends, random-path, the verdict and its state,
+    frozen-copy to 16x, the placebo's cap and the fp32 twin, every number from the blocks above."""
+    v = values(root)
+    if v is None:
+        return NOT_RUN + " Until it runs, co-adaptation is untested, not refuted."
+    result, _, beyond, fit = verdict(v)
+    expected, have = _design(VARIANTS, GRID_SEEDS), _committed(v, VARIANTS, GRID_SEEDS)
+    state = ("complete" if have == expected
+             else "settled before the grid is complete" if settled(v, result, beyond, fit) else "provisional")
+    rp = "random-path"
+    out = [f"- *The controls for `frozen-copy`* (`coadaptation2`, seeds {GRID_SEEDS[0]}–{GRID_SEEDS[-1]}, bf16; "
+           f"{len(have)} of its {len(expected)} runs committed; state in (2x, 4x] unless named): the cut "
+           f"(`stopgrad-rnn0`) is at 95 % or more in {_holding(v, CUT, 'beyond')}, and `joint` against it is "
+           f"{_against(beyond.get((JOINT, CUT, 'beyond')))}. A random direction of the cut's norm (`{rp}`) "
+           f"against the cut: {_against(beyond.get((rp, CUT, 'beyond')))}; against `joint`: "
+           f"{_against(beyond.get((rp, JOINT, 'beyond')))}; its final training loss against the cut: "
+           f"{_against(fit.get((rp, CUT, 'loss')))}.",
+           f"  The verdict (rule R6 ({result.rule}), {state}): **{result.text}**"]
+    fc = v[(v.variant == "frozen-copy") & v.state_win_8x_16x.notna()]
+    if len(fc):
+        held = [int(s) for s in fc.loc[fc.state_win_8x_16x >= HOLDS, "seed"]]
+        out.append(f"  `frozen-copy` rerun on these seeds holds to 16x (state in (8x, 16x] at 95 % or more) in "
+                   f"{len(held)} of {len(fc)} seeds" + (f" ({', '.join(map(str, held))})" if held else "") + ".")
+    cap = cap_table(root)
+    if cap is not None and len(cap := cap[cap.seed.isin(_placebo_seeds(v))]):
+        out.append(f"  `placebo`, rerun with its cap logged: norm matched (R7) in {int(cap.matched.sum())} of "
+                   f"{len(cap)} seeds. {_cap_summary(cap)}")
+    fp32 = precision_reading(root)
+    out.append("  In fp32 (rule R8): " + (f"its twin (`{FP32_GRID}`) is not yet run." if fp32 is None
+                                         else fp32.text))
+    return "\n".join(out)
+
+
 def rules() -> list[str]:
     """The pre-registered rules as this docstring states them, each on one line (the docs must state them alike)."""
     text = re.sub(r"\s+", " ", __doc__)
@@ -696,4 +750,5 @@ BLOCKS: dict[str, Callable[[Path], str]] = {
     "coadaptation-verdict": coadaptation_verdict,
     "coadaptation-placebo": coadaptation_placebo,
     "coadaptation-fp32": coadaptation_fp32,
+    "coadaptation-readme": coadaptation_readme,
 }

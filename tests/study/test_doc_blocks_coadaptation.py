@@ -323,6 +323,28 @@ def test_runs_that_did_not_record_fp32_are_not_counted_as_fp32(D, tmp_path):
     assert f"`stopgrad-rnn0` seed 27 ({mixed})" in B.coadaptation_fp32(root)
 
 
+def test_the_front_page_paragraph_quotes_the_blocks_numbers_and_each_seed_that_fails(D, tmp_path):
+    """study/README.md's paragraph: the ends with the cut's failing seed named, random-path against both ends and its
+    fit, the verdict with its state, frozen-copy's seeds that hold to 16x, the placebo's match and the fp32 twin."""
+    B, _ = D
+    cut = [0.99] * 7 + [0.61]
+    frozen = [1.0, 0.6, 0.6, 1.0, 0.6, 0.6, 0.6, 0.6]  # (8x, 16x] sits 5 points lower: seeds 20 and 23 at 95 %
+    root = _write(tmp_path, D, _spec(random_path=HARMS, stopgrad_rnn0=cut, frozen_copy=frozen))
+    text = B.coadaptation_readme(root)
+    assert text.startswith("- *The controls for `frozen-copy`* (`coadaptation2`, seeds 20–27, bf16; 64 of its 64 runs")
+    assert "is at 95 % or more in 7 of 8 seeds (the others: seed 27 at 61.0 %)" in text
+    assert "`joint` against it is detectably below (" in text
+    assert "The verdict (rule R6 (b), complete): **Co-adaptation untested by these controls" in text
+    assert "holds to 16x (state in (8x, 16x] at 95 % or more) in 2 of 8 seeds (20, 23)." in text
+    assert "norm matched (R7) in 8 of 8 seeds." in text
+    assert text.endswith("In fp32 (rule R8): its twin (`coadaptation2_fp32`) is not yet run.")
+    # part-way, the state says so; with the fp32 twin in, its reading replaces the sentence
+    part = B.coadaptation_readme(_write(tmp_path / "part", D, _spec(), seeds=SEEDS[:6]))
+    assert "48 of its 64 runs committed" in part and "(rule R6 (e), provisional)" in part
+    both = _write_fp32(_write(tmp_path / "both", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS})
+    assert "In fp32 (rule R8): Confirmed in both precisions" in B.coadaptation_readme(both)
+
+
 # --- what the doc shows -------------------------------------------------------------------------------------------
 def test_the_tables_show_fit_and_windows_per_variant_and_every_p_with_its_design(D, tmp_path):
     B, _ = D
