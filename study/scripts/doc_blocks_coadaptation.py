@@ -671,15 +671,20 @@ def coadaptation_fp32(root: Path) -> str:
     if len(left):
         named = ", ".join(f"`{r.variant}` seed {r.seed} ({r.precision})" for r in left.itertuples())
         out.append(f"Left out, not recorded as fp32: {named}.")
+    out.append(f"{_fp32_pending(bf, v32)}**{precision_reading(root).text}**")
+    return "\n\n".join(out)
+
+
+def _fp32_pending(bf: pd.DataFrame, v32: pd.DataFrame) -> str:
+    """"" once every run of the ends is committed in both grids, else "Provisional (k of n ...): "."""
     # like the verdict, R8 is read on complete grids: a reading repeated at every collection would be a test repeated
     # until it passes
     counts = [(len(_committed(frame, ENDS, seeds_of)), len(ENDS) * len(seeds_of), what)
               for frame, seeds_of, what in ((bf, GRID_SEEDS, "bf16"), (v32, FP32_SEEDS, "fp32"))]
-    pending = ("" if all(k == n for k, n, _ in counts) else
-               "Provisional (" + "; ".join(f"{k} of the {n} {what} runs of the ends committed" for k, n, what in counts)
-               + "): ")
-    out.append(f"{pending}**{precision_reading(root).text}**")
-    return "\n\n".join(out)
+    if all(k == n for k, n, _ in counts):
+        return ""
+    return ("Provisional (" + "; ".join(f"{k} of the {n} {what} runs of the ends committed" for k, n, what in counts)
+            + "): ")
 
 
 # --- the study's front page -----------------------------------------------------------------------------------------
@@ -708,7 +713,7 @@ def coadaptation_readme(root: Path) -> str:
     v = values(root)
     if v is None:
         return NOT_RUN + " Until it runs, co-adaptation is untested, not refuted."
-    result, _, beyond, fit = verdict(v)
+    result, readings, beyond, fit = verdict(v)
     expected, have = _design(VARIANTS, GRID_SEEDS), _committed(v, VARIANTS, GRID_SEEDS)
     state = ("complete" if have == expected
              else "settled before the grid is complete" if settled(v, result, beyond, fit) else "provisional")
@@ -726,13 +731,18 @@ def coadaptation_readme(root: Path) -> str:
         held = [int(s) for s in fc.loc[fc.state_win_8x_16x >= HOLDS, "seed"]]
         out.append(f"  `frozen-copy` rerun on these seeds holds to 16x (state in (8x, 16x] at 95 % or more) in "
                    f"{len(held)} of {len(fc)} seeds" + (f" ({', '.join(map(str, held))})" if held else "") + ".")
-    cap = cap_table(root)
-    if cap is not None and len(cap := cap[cap.seed.isin(_placebo_seeds(v))]):
-        out.append(f"  `placebo`, rerun with its cap logged: norm matched (R7) in {int(cap.matched.sum())} of "
-                   f"{len(cap)} seeds. {_cap_summary(cap)}")
-    fp32 = precision_reading(root)
-    out.append("  In fp32 (rule R8): " + (f"its twin (`{FP32_GRID}`) is not yet run." if fp32 is None
-                                         else fp32.text))
+    seeds, cap = _placebo_seeds(v), cap_table(root)
+    if seeds:
+        said = placebo_sentence(root, v, readings, ends(beyond) == "separated")
+        whole = cap is not None and seeds <= set(cap.seed)  # the summary only over a log of every seed R7 reads
+        out.append(f"  Rerun with its cap logged, {said}" + (f" {_cap_summary(cap[cap.seed.isin(seeds)])}"
+                                                             if whole else ""))
+    got = fp32_values(root)
+    if got is None:
+        out.append(f"  In fp32 (rule R8): its twin (`{FP32_GRID}`) is not yet run.")
+    else:
+        out.append(f"  In fp32 (rule R8): {_fp32_pending(v, got[0])}"
+                   f"{precision_reading(root).text}")
     return "\n".join(out)
 
 

@@ -336,13 +336,25 @@ def test_the_front_page_paragraph_quotes_the_blocks_numbers_and_each_seed_that_f
     assert "`joint` against it is detectably below (" in text
     assert "The verdict (rule R6 (b), complete): **Co-adaptation untested by these controls" in text
     assert "holds to 16x (state in (8x, 16x] at 95 % or more) in 2 of 8 seeds (20, 23)." in text
-    assert "norm matched (R7) in 8 of 8 seeds." in text
+    assert "Rerun with its cap logged, `placebo` (norm matched in 8 of 8 seeds) harms" in text
+    assert "Over these 8 seeds the cap bound on 2.0 % of the steps" in text
     assert text.endswith("In fp32 (rule R8): its twin (`coadaptation2_fp32`) is not yet run.")
     # part-way, the state says so; with the fp32 twin in, its reading replaces the sentence
     part = B.coadaptation_readme(_write(tmp_path / "part", D, _spec(), seeds=SEEDS[:6]))
     assert "48 of its 64 runs committed" in part and "(rule R6 (e), provisional)" in part
     both = _write_fp32(_write(tmp_path / "both", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS})
     assert "In fp32 (rule R8): Confirmed in both precisions" in B.coadaptation_readme(both)
+    # half the twin: its reading is labelled provisional here as in the fp32 block
+    half = _write_fp32(_write(tmp_path / "half", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS},
+                       seeds=SEEDS[:4])
+    assert ("In fp32 (rule R8): Provisional (16 of the 16 bf16 runs of the ends committed; 8 of the 16 fp32 runs of "
+            "the ends committed): Confirmed in both precisions") in B.coadaptation_readme(half)
+    # a cap log short of a seed R7 reads: the placebo is not interpreted, and no summary over part of its seeds
+    short = _write(tmp_path / "short", D, _spec())
+    path = short / "study" / "results" / "coadaptation2" / "placebo_cap.csv"
+    pd.read_csv(path).query("seed != 20").to_csv(path, index=False)
+    text = B.coadaptation_readme(short)
+    assert "summarised for 7 of its 8 seeds" in text and "Over these" not in text
 
 
 # --- what the doc shows -------------------------------------------------------------------------------------------
