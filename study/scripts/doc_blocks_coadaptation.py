@@ -638,7 +638,7 @@ def precision_reading(root: Path) -> PrecisionReading | None:
                else "an end has no committed fp32 run with its state in (2x, 4x]")
         return PrecisionReading("pending", cmp, f"Pending: {why}; the separation is a bf16 finding so far.")
     said = (f"`joint` − `stopgrad-rnn0` in (2x, 4x], fp32: {_points(cmp)} points at {cmp.n} vs {cmp.m} seeds, exact "
-            f"p {p_text(cmp.p)}")
+            f"p {p_text(cmp.p)} (a family of 1)")
     if cmp.direction == "below":
         return PrecisionReading("confirmed", cmp, f"Confirmed in both precisions: {said}, detectably below, as in "
                                                   "bf16 by R1.")
@@ -692,11 +692,11 @@ def _against(c: Comparison | None) -> str:
     """A comparison as the front page quotes it: its result, the difference in points with its interval, Holm's p."""
     if c is None:
         return "not run yet"
-    diff = _difference(c) + ("" if c.measure == "loss" else " points")
+    diff = f"{_difference(c)}{'' if c.measure == 'loss' else ' points'}, {c.n} vs {c.m} seeds"
     if not c.testable:
-        return f"{diff} at {c.n} vs {c.m} seeds, descriptive only"
+        return f"{diff}, descriptive only"
     found = {"below": "detectably below", "above": "detectably above"}.get(c.direction, "no difference detected")
-    return f"{found} ({diff}, Holm p {p_text(c.p_holm)})"
+    return f"{found} ({diff}, Holm p {p_text(c.p_holm)} in a family of {c.family})"
 
 
 def _holding(v: pd.DataFrame, variant: str, measure: str) -> str:

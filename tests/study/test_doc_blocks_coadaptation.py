@@ -5,6 +5,7 @@ placebo's cap summary is right on a real tiny placebo run collected through the 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -349,6 +350,14 @@ def test_the_front_page_paragraph_quotes_the_blocks_numbers_and_each_seed_that_f
                        seeds=SEEDS[:4])
     assert ("In fp32 (rule R8): Provisional (16 of the 16 bf16 runs of the ends committed; 8 of the 16 fp32 runs of "
             "the ends committed): Confirmed in both precisions") in B.coadaptation_readme(half)
+    # every p it quotes names its family and design, as tests/study/test_reachable_p.py asks of a rendered sentence
+    spec = importlib.util.spec_from_file_location("reachable_p", Path(__file__).with_name("test_reachable_p.py"))
+    reachable = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reachable)
+    for root in (tmp_path, both, half):
+        readme = f"<!-- render:r -->\n{B.coadaptation_readme(root)}\n<!-- /render:r -->\n"
+        fp32 = f"<!-- render:f -->\n{B.coadaptation_fp32(root)}\n<!-- /render:f -->\n"
+        assert reachable.violations(readme) == [] and reachable.violations(fp32) == []
     # a cap log short of a seed R7 reads: the placebo is not interpreted, and no summary over part of its seeds
     short = _write(tmp_path / "short", D, _spec())
     path = short / "study" / "results" / "coadaptation2" / "placebo_cap.csv"
