@@ -695,8 +695,7 @@ def _against(c: Comparison | None) -> str:
     diff = f"{_difference(c)}{'' if c.measure == 'loss' else ' points'}, {c.n} vs {c.m} seeds"
     if not c.testable:
         return f"{diff}, descriptive only"
-    found = {"below": "detectably below", "above": "detectably above"}.get(c.direction, "no difference detected")
-    return f"{found} ({diff}, Holm p {p_text(c.p_holm)} in a family of {c.family})"
+    return f"{_result(c)} ({diff}, Holm p {p_text(c.p_holm)} in a family of {c.family})"
 
 
 def _holding(v: pd.DataFrame, variant: str, measure: str) -> str:
