@@ -67,6 +67,10 @@ class TaskConfig:
     """
 
     name: ClassVar[str] = "base"
+    residue_answers: ClassVar[bool] = True
+    """Whether the state answers are the residues s_t themselves (number tokens), so that they can be scored modulo
+    each factor of m. False where nothing asks the state (``recall``) or the answer is a value bound to s_t
+    (``coupled``)."""
     m: int = 10
     n_keys: int = 16
     n_values: int = 16
@@ -198,6 +202,7 @@ class RecallConfig(TaskConfig):
     """Associative recall (MQAR-style): ``P`` key-value pairs, ``SEP``, then ``length`` queries of those keys."""
 
     name: ClassVar[str] = "recall"
+    residue_answers: ClassVar[bool] = False
     n_pairs: int = 6
 
     def __post_init__(self) -> None:
@@ -240,6 +245,7 @@ class InterleavedConfig(RecallConfig):
     """
 
     name: ClassVar[str] = "interleaved"
+    residue_answers: ClassVar[bool] = True
     query_prob: float = 0.2
 
     def __post_init__(self) -> None:
@@ -277,6 +283,7 @@ class CoupledConfig(TaskConfig):
     """
 
     name: ClassVar[str] = "coupled"
+    residue_answers: ClassVar[bool] = False
 
     @property
     def prefix_len(self) -> int:

@@ -146,7 +146,8 @@ def position_counts(model: HookedSequenceModel, task: TaskConfig, length: int, n
         raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
     device = next(model.parameters()).device
     step = forward_batch or batch_size
-    qs = state_factors(task.m) if factors and task.name != "recall" else []
+    # a task whose state answers are not residues (coupled's are values bound to s_t) has no factors to score
+    qs = state_factors(task.m) if factors and task.residue_answers else []
     names = ["state", "recall", *map(factor_subtask, qs)]
     hit_rows: dict[str, list[torch.Tensor]] = {s: [] for s in names}
     ask_rows: dict[str, list[torch.Tensor]] = {s: [] for s in names}
