@@ -13,6 +13,7 @@ from types import ModuleType
 import pytest
 import torch
 from hypothesis import settings
+from hypothesis.configuration import set_hypothesis_home_dir
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("MPLCONFIGDIR", tempfile.mkdtemp(prefix="mpl-"))
@@ -23,6 +24,9 @@ torch.set_num_threads(1)
 # derandomized so that a failure reproduces from the test alone.
 settings.register_profile("probe", database=None, derandomize=True)
 settings.load_profile("probe")
+# ... and without a database it still keeps other files (its unicode tables) under .hypothesis/ in the current
+# folder: point its home at a temporary folder, so a test run writes nothing into the checkout
+set_hypothesis_home_dir(tempfile.mkdtemp(prefix="hypothesis-"))
 
 from probe.models import HookedSequenceModel, ModelConfig  # noqa: E402
 from probe.tasks import make_task  # noqa: E402
