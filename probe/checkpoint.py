@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 import torch
 
-from probe import __version__
+from probe.core.package import __version__
 from probe.core.specs import is_factory_spec
 from probe.errors import ProbeError
 from probe.external import AnyModelConfig, build_any, call_factory, model_config_from_dict
@@ -117,12 +117,18 @@ class Checkpoint:
         try:
             model = build_any(self.model_config, self.task_config)
         except ProbeError as e:
-            raise CheckpointError(f"{self.name}: cannot rebuild its model: {e}") from None
+            # the path as given (a run folder's final.pt among many is named by its folder), not the file's name
+            raise CheckpointError(f"{self.path or self.name}: cannot rebuild its model: {e}") from None
+        rename = getattr(model, "rename_old_keys", None)  # a wrapped model's weights saved under older names
+        if rename is not None:
+            rename(self.state_dict)
+            rename((self.extra.get("lstm_adam") or {}).get("exp_avg_sq") or {})
         try:
             model.load_state_dict(self.state_dict)
         except RuntimeError as e:
             first = str(e).strip().splitlines()[0]
-            raise CheckpointError(f"{self.name}: weights do not fit the recorded model config ({first})") from None
+            raise CheckpointError(f"{self.path or self.name}: weights do not fit the recorded model config ({first})"
+                                  ) from None
         return model.to(device).eval()
 
 

@@ -15,13 +15,14 @@ import glob
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from probe import __version__
 from probe.core.lengths import parse_lengths
+from probe.core.package import __version__
 from probe.core.specs import is_factory_spec
 from probe.errors import ProbeError
 
@@ -163,7 +164,10 @@ def check_paths(specs: Sequence[str]) -> None:
             if not glob.glob(spec):
                 raise ProbeError(f"{spec}: pattern matches no file")
         elif not os.path.exists(spec) and not is_factory_spec(spec):  # package.module:factory: load_factory
-            raise ProbeError(f"{spec}: no such file or directory")
+            # a bare module name (``mine``, ``mine.py``) is most likely a factory given without its callable
+            hint = (" (a model made by a factory is named MODULE:FACTORY, e.g. my_hybrid:factory)"
+                    if re.fullmatch(r"[A-Za-z_][\w.]*", spec) else "")
+            raise ProbeError(f"{spec}: no such file or directory{hint}")
 
 
 def check_out(out: str | os.PathLike | None) -> None:

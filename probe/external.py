@@ -169,6 +169,11 @@ def call_factory(spec: str) -> tuple[Any, TaskConfig]:
     from probe.wrapped import WrappedModel
 
     module_name, _, attr = spec.partition(":")
+    if not attr or not FACTORY_SPEC.match(spec):
+        raise ProbeError(f"{spec}: give MODULE:FACTORY, the importable module and the callable in it that returns "
+                         "(probe.wrap(model, ...), task), e.g. my_hybrid:factory for factory() in my_hybrid.py")
+    if module_name.endswith(".py"):
+        raise ProbeError(f"{spec}: give the module's name, not its file: {module_name[:-3]}:{attr}")
     if "" not in sys.path and str(Path.cwd()) not in sys.path:
         sys.path.insert(0, "")
     try:

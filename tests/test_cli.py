@@ -22,9 +22,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ANALYSES = {"evaluate": "probe.evaluate", "gradients": "probe.gradients.cli",
             "attributions": "probe.attributions.cli", "probes": "probe.probes.cli", "shortcuts": "probe.shortcuts.cli",
             "sharpness": "probe.sharpness.cli"}
-CLIS = {**ANALYSES, "figures": "probe.figures"}
+CLIS = dict(ANALYSES)
 SHARED = ("--lengths", "--samples", "--threads", "--out", "--json", "--device", "--seed", "--no-progress")
-FIGURES_SHARED = ("--threads", "--out", "--json", "--device", "--seed", "--no-progress")
 EVERY_CLI = {**CLIS, "transitions": "probe.transitions", "retrain": "probe.retrain", "train": "probe.training.cli",
              "sweep": "probe.sweep.cli", "results": "probe.results.__main__"}
 """Every ``python -m probe.NAME`` command, the runner's and the hand-built ones."""
@@ -66,10 +65,9 @@ def one_error_line(err: str) -> str:
 def test_help_lists_every_shared_flag_and_hides_old_spellings(name, capsys):
     assert main_of(name)(["--help"]) == 0
     text = capsys.readouterr().out
-    for flag in SHARED if name in ANALYSES else FIGURES_SHARED:
+    for flag in SHARED:
         assert flag in text, f"{name} --help lacks {flag}"
-    if name in ANALYSES:
-        assert "1:400:25" in text, "the lengths grammar is documented in --help"
+    assert "1:400:25" in text, "the lengths grammar is documented in --help"
     for old in OLD_SPELLINGS.get(name, []):
         assert f"{old} " not in text and f"{old}," not in text and f"{old}\n" not in text
 
@@ -78,11 +76,9 @@ BAD_VALUES = [["--threads", "-2"], ["--seed", "x"], ["--samples", "0"], ["--leng
               ["--samples", "2.5"]]
 
 
-@pytest.mark.parametrize(("name", "bad"), [(n, b) for n in CLIS for b in BAD_VALUES
-                                           if n in ANALYSES or b[0] not in ("--samples", "--lengths")])
+@pytest.mark.parametrize(("name", "bad"), [(n, b) for n in CLIS for b in BAD_VALUES])
 def test_a_bad_value_exits_2_with_one_line_before_any_work(name, bad, capsys):
-    positional = [] if name == "figures" else ["any.pt"]
-    assert main_of(name)([*positional, *bad]) == 2
+    assert main_of(name)(["any.pt", *bad]) == 2
     assert bad[0] in one_error_line(capsys.readouterr().err)
 
 
@@ -102,8 +98,7 @@ def test_old_spellings_still_parse_to_the_shared_flag(name):
 def test_out_naming_a_file_is_one_line_and_exit_2(name, ckpt, tmp_path, capsys):
     out = tmp_path / "taken"
     out.write_text("not a directory")
-    positional = ["--checkpoints", str(ckpt.parent)] if name == "figures" else [str(ckpt)]
-    assert main_of(name)([*positional, "--out", str(out)]) == 2
+    assert main_of(name)([str(ckpt), "--out", str(out)]) == 2
     assert "--out" in one_error_line(capsys.readouterr().err)
     assert out.read_text() == "not a directory"
 
@@ -119,7 +114,7 @@ def test_a_length_that_cannot_fit_is_refused_before_any_work(name, ckpt, tmp_pat
 @pytest.mark.parametrize("name", CLIS)
 def test_help_and_a_missing_path_do_not_import_the_models(name):
     """transformer_lens takes seconds to import: a user asking for --help or naming a wrong file should not wait."""
-    args = ["--checkpoints", "/nonexistent"] if name == "figures" else ["/nonexistent.pt"]
+    args = ["/nonexistent.pt"]
     code = (f"import sys; from {CLIS[name]} import main; a = main(['--help']); b = main({args!r}); "
             "print(a, b, 'transformer_lens' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -179,8 +174,7 @@ def test_every_cli_takes_no_progress(name, capsys):
 @pytest.mark.parametrize("name", [*CLIS, "transitions"])
 def test_an_unwritable_out_is_one_line_and_exit_2_and_leaves_nothing(name, ckpt, tmp_path, capsys):
     main = importlib.import_module(EVERY_CLI[name]).main
-    positional = ["--checkpoints", str(ckpt.parent)] if name == "figures" else [str(ckpt)]
-    assert main([*positional, "--out", "/proc/probe-test/out"]) == 2
+    assert main([str(ckpt), "--out", "/proc/probe-test/out"]) == 2
     err = one_error_line(capsys.readouterr().err)
     assert "--out /proc/probe-test/out: cannot write there" in err
 
@@ -206,3 +200,24 @@ def test_a_run_shows_progress_on_stderr_also_under_json_unless_no_progress(ckpt,
     assert main([str(ckpt), *SMALL["sharpness"], "--json", "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
 
+
+
+@pytest.mark.parametrize("name", ["gradients", "train", "sweep"])
+def test_a_folder_named_probe_in_the_way_is_one_line_and_exit_2(name, tmp_path):
+    # from the parent of a clone named probe/ (or any folder holding an empty probe/), Python takes that folder for
+    # the package; the command must say so in one line instead of a traceback about __version__
+    (tmp_path / "probe").mkdir()
+    done = subprocess.run([sys.executable, "-m", f"probe.{name}", str(ROOT / "checkpoints" / "hybrid-joint.pt")],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [done.stderr.strip()]
+    assert "folder named probe" in done.stderr and str((tmp_path / "probe").resolve()) in done.stderr
+
+
+def test_a_bare_module_name_where_a_checkpoint_goes_asks_for_module_colon_factory(capsys):
+    from probe.gradients.cli import main
+
+    assert main(["my_hybrid", "--no-lookahead"]) == 2
+    err = capsys.readouterr().err
+    assert "no such file" in err and "MODULE:FACTORY" in err

@@ -155,10 +155,19 @@ def test_what_cannot_be_rebuilt_is_refused_in_one_line(factory_spec, tmp_path, c
     moved = dataclasses.replace(model_cfg, factory="no_such_module_here:factory")
     ckpt = load_checkpoint(tmp_path / "run" / "final.pt")
     ckpt.model_config = moved
-    with pytest.raises(CheckpointError, match="cannot rebuild its model.*no_such_module_here.*PYTHONPATH"):
+    with pytest.raises(CheckpointError, match="cannot rebuild its model.*no_such_module_here.*PYTHONPATH") as e:
         ckpt.build_model()
+    assert str(e.value).startswith(str(tmp_path / "run" / "final.pt"))  # the path given, not only "final.pt"
     assert train_main(["--model", factory_spec, "--set", "model.d_model=8", "--out", str(tmp_path / "x")]) == 2
     assert "drop --set model.d_model=8" in capsys.readouterr().err
+
+
+def test_a_model_without_its_factory_s_name_asks_for_module_colon_factory(factory_spec, tmp_path, capsys):
+    module = factory_spec.split(":")[0]
+    for given, said in [(module, "give MODULE:FACTORY"), (f"{module}.py:factory", f"not its file: {module}:factory")]:
+        assert train_main(["--model", given, "--out", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert said in err and "has no callable" not in err and len(err.strip().splitlines()) == 1
 
 
 def test_a_transformers_hybrid_trains_and_reloads_from_its_recorded_config(tmp_path):

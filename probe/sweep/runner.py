@@ -8,11 +8,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probe import __version__
 from probe.checkpoint import load_checkpoint
 from probe.core import interrupts
 from probe.core.files import write_text_atomically
 from probe.core.lock import folder_lock
+from probe.core.package import __version__
 from probe.core.progress import progress_bar
 from probe.errors import ProbeError
 from probe.sweep.config import SWEEP_FILE, Run, SweepConfig
