@@ -213,3 +213,35 @@ def test_the_lookaheads_draw_training_batches_with_the_trainer_s_function():
 
     assert lookahead.training_batch is beyond.training_batch is training_batch
     assert not hasattr(inputs, "training_batch"), "one function for the draw, imported, never copied"
+
+
+# --- time -------------------------------------------------------------------------------------------------------
+class _Clock:
+    """A perf_counter that moves one second per reading, so that every stretch of training takes a known time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_a_resumed_run_s_time_includes_what_it_trained_before_the_interrupt(tmp_path, monkeypatch):
+    from probe.results import _read_log, _wall_s
+    from probe.training.trainer import Trainer
+
+    monkeypatch.setattr(probe.training.trainer, "time", _Clock())
+    cfg = TrainConfig(steps=12, batch_size=4, eval_every=4, eval_samples=4, ckpt_every=12, traj_every=12, warmup=1)
+    first = Trainer(MODEL, TASK, cfg, tmp_path, progress=False)
+    first.run(until=6)  # as an interrupt at step 6 leaves it: last.pt at step 6, the last log line at step 4
+    logged = _read_log(tmp_path)[-1]["elapsed_s"]
+    at_interrupt = load_checkpoint(tmp_path / "last.pt").extra["elapsed_s"]
+    assert at_interrupt > logged > 0  # steps 4 to 6 are counted too
+    second = Trainer(MODEL, TASK, cfg, tmp_path, progress=False)
+    assert second.resume()
+    final = second.run()
+    # the whole run: what it trained up to the interrupt and what it trained after, in the log and the checkpoint
+    assert final.metrics["elapsed_s"] > at_interrupt
+    assert _wall_s(_read_log(tmp_path)) == pytest.approx(final.metrics["elapsed_s"], abs=0.1)
+    assert load_checkpoint(tmp_path / "final.pt").extra["elapsed_s"] >= final.metrics["elapsed_s"]

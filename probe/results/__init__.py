@@ -150,7 +150,9 @@ def _train_meta(train: Any, log: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _wall_s(log: list[dict[str, Any]]) -> float | None:
-    """Training time from the log: a resumed run restarts its clock, so each segment's last time is summed."""
+    """Training time from the log. A resumed run's times continue from the time its checkpoint recorded (the whole run,
+    the stretch before the interrupt included); a run resumed before that was recorded restarted its clock, so each
+    stretch's last time is summed."""
     times = [r["elapsed_s"] for r in log if "elapsed_s" in r]
     if not times:
         return None

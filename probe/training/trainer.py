@@ -76,6 +76,10 @@ class Trainer:
         # [first step, precision, device] of each stretch of training: a run resumed on another machine records
         # where its arithmetic changed (hardware.trained_as reads it), instead of only what its last stretch ran as
         self.segments: list[list[Any]] = [[0, self.precision_used, hardware.device_name(self.device)]]
+        # seconds trained before this stretch (a resumed run's time up to its checkpoint), so that the times it logs
+        # and records count the whole run, not only what this process trained
+        self.elapsed_before = 0.0
+        self._clock: float | None = None  # perf_counter() when this stretch began
 
     # --- state --------------------------------------------------------------------------------------------
     def _apply_schedule(self, step: int) -> None:
@@ -98,6 +102,7 @@ class Trainer:
                                          "running": dict(self.running),
                                          "precision_used": self.precision_used, KEY: state.to_dict(),
                                          "device": hardware.device_name(self.device),
+                                         "elapsed_s": self.elapsed_s(),
                                          # a stretch that has trained no step yet is not part of the record
                                          "segments": [list(x) for x in self.segments if x[0] < self.step]
                                          or [list(self.segments[0])]},
@@ -128,11 +133,17 @@ class Trainer:
         self.optimizer.load_state_dict(ckpt.optimizer_state)
         self.step, self.metrics = ckpt.step, ckpt.metrics
         self.running = dict(ckpt.extra.get("running") or {})
+        # a checkpoint from before the time was recorded: its log's restarted clock is summed per stretch instead
+        self.elapsed_before = float(ckpt.extra.get("elapsed_s") or 0.0)
         log = self.out / "metrics.jsonl"
         if log.exists():  # drop what was logged after the checkpoint the run resumes from
             kept = [ln for ln in log.read_text().splitlines() if ln and json.loads(ln)["step"] <= self.step]
             log.write_text("".join(ln + "\n" for ln in kept))
         return True
+
+    def elapsed_s(self) -> float:
+        """Seconds of training in the whole run so far: the stretches before a resume and this one."""
+        return self.elapsed_before + (0.0 if self._clock is None else time.perf_counter() - self._clock)
 
     # --- loop ---------------------------------------------------------------------------------------------
     def train_step(self, step: int) -> tuple[float, float]:
@@ -230,7 +241,7 @@ class Trainer:
             (self.out / "metrics.jsonl").unlink(missing_ok=True)
             self._snapshot()
         bar = progress_bar(stop, self.out.name, True, initial=self.step) if self.progress else None
-        t0 = time.perf_counter()
+        self.elapsed_before, self._clock = self.elapsed_s(), time.perf_counter()
         run_loss, run_acc = self.running.get("loss"), self.running.get("acc")
         saved = None  # the step last.pt holds, when this process wrote it
         while self.step < stop:
@@ -253,7 +264,7 @@ class Trainer:
                 acc = self.evaluate()
                 switched = self.schedule.observe(self.step, acc["state_acc_1x"])
                 self.metrics = {"step": self.step, "loss": run_loss, "gate": self.schedule.gate(self.step),
-                                "elapsed_s": time.perf_counter() - t0, **acc}
+                                "elapsed_s": self.elapsed_s(), **acc}
                 self._log(self.metrics | ({"event": "attention switched on"} if switched else {}))
                 self._bar_eval = {"state3x": f"{acc['state_acc_3x']:.3f}", "recall3x": f"{acc['recall_acc_3x']:.3f}"}
             if self.step % self.cfg.traj_every == 0:
