@@ -25,10 +25,11 @@ import contextlib
 import copy
 import dataclasses
 import difflib
+import fnmatch
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from types import EllipsisType
+from types import EllipsisType, MethodType
 from typing import Any, Literal
 
 import torch
@@ -58,10 +59,16 @@ class HookedRNN(nn.Module):
 
     An initial state ``hx`` other than zeros is refused, and so are ``bidirectional`` and ``proj_size`` (a backward
     recurrence or a projected state is not a causal state edit). After an edit of ``hook_c`` the returned ``c_n`` is
-    read back from the gates of the edited run and does not carry the edit itself (``output`` and ``h_n`` do)."""
+    read back from the gates of the edited run and does not carry the edit itself (``output`` and ``h_n`` do).
+
+    ``probe.wrap`` keeps it outside the user's module tree: the user's module stays where it was, its ``forward``
+    served by this one's until ``unwrap()``. Each call first takes the user's module's current Parameters (one that
+    was replaced, by ``load_state_dict(assign=True)`` or a swap on ``.to()``, is picked up) and its train / eval
+    mode."""
 
     def __init__(self, rnn: nn.LSTM | nn.GRU, name: str = "rnn") -> None:
         super().__init__()
+        self.__dict__["source"] = rnn  # not a submodule: its parameters stay the user's, under the user's names
         kind = type(rnn).__name__
         if rnn.bidirectional or getattr(rnn, "proj_size", 0):
             raise ProbeError(f"{name}: a bidirectional {kind} or one with proj_size has no causal per-step state to "
@@ -83,7 +90,19 @@ class HookedRNN(nn.Module):
                 setattr(layer.rnn, f"{suffix}_l0", getattr(rnn, f"{suffix}_l{k}"))
             self.layers.append(layer.to(rnn.weight_ih_l0.device))
 
+    def borrow(self) -> None:
+        """Take the source module's current Parameters and train / eval mode (identity checks: nothing is copied)."""
+        src = self.source
+        for k, layer in enumerate(self.layers):
+            for suffix in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                mine, theirs = layer.rnn._parameters[f"{suffix}_l0"], getattr(src, f"{suffix}_l{k}")
+                if mine is not theirs:
+                    setattr(layer.rnn, f"{suffix}_l0", theirs)
+        if self.training != src.training:
+            self.train(src.training)
+
     def forward(self, x: Tensor, hx: Any = None) -> tuple[Tensor, Any]:
+        self.borrow()
         if hx is not None and any(bool(h.any()) for h in (hx if isinstance(hx, tuple) else (hx,))):
             raise ProbeError("a hooked recurrent layer starts from zeros: an initial state hx is not supported; "
                              "set the state with override_state or a hook on hook_h instead")
@@ -187,6 +206,38 @@ def _nearest(name: str, names: Sequence[str]) -> str:
     return f"; nearest: {', '.join(close)}" if close else ""
 
 
+def resolve_names(model: nn.Module, patterns: Sequence[str]) -> list[str]:
+    """The submodule paths ``patterns`` name in ``model``, in the order given: an exact path, or an fnmatch pattern
+    over ``named_modules()`` names (``blocks.*.attn``; ``*`` also crosses dots), which stands for every match in the
+    model's order. A path the model lacks, or a pattern that matches nothing, is one line naming the nearest."""
+    names = [n for n, _ in model.named_modules() if n]
+    out: list[str] = []
+    for pattern in [patterns] if isinstance(patterns, str) else patterns:
+        if any(c in pattern for c in "*?["):
+            hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+            if not hits:
+                raise ProbeError(f"{type(model).__name__}: no submodule matches {pattern!r}"
+                                 f"{_nearest(pattern, names)}")
+            out += hits
+        elif pattern in names:
+            out.append(pattern)
+        else:
+            raise ProbeError(f"{type(model).__name__} has no submodule {pattern!r}{_nearest(pattern, names)}")
+    return out
+
+
+def _is_ours(fn: Any, owners: type | tuple[type, ...]) -> bool:
+    """Whether ``fn`` is a bound method of an ``owners`` instance: a hook or a forward that a wrap installed."""
+    return isinstance(fn, MethodType) and isinstance(fn.__self__, owners)
+
+
+def _wrapped_by_probe(model: nn.Module) -> bool:
+    """Whether some wrap's hooks or served forward are still on ``model``'s modules."""
+    return any(_is_ours(m.__dict__.get("forward"), HookedRNN)
+               or any(_is_ours(h, Site) for h in (*m._forward_pre_hooks.values(), *m._forward_hooks.values()))
+               for m in model.modules())
+
+
 # --- the config an analysis reads -----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class WrappedConfig:
@@ -226,6 +277,11 @@ class WrappedConfig:
 
 
 # --- the wrapped model ----------------------------------------------------------------------------------------------
+def _renamed_rnn_keys(wrapper: WrappedModel, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
+    """``load_state_dict``'s pre-hook: ``rename_old_keys`` on what is loaded."""
+    wrapper.rename_old_keys(state_dict, prefix)
+
+
 class NotExposedError(ProbeError, AttributeError):
     """An analysis asked a wrapped model for a part of probe's own models (its blocks, embedding, attention
     pattern). An ``AttributeError`` too, so that ``hasattr`` and ``getattr(..., default)`` keep working."""
@@ -266,9 +322,15 @@ class WrappedModel(HookedRootModule):
 
     A recurrent module that is not an ``nn.LSTM`` / ``nn.GRU`` (an RG-LRU, a Mamba mixer, a custom cell) has
     ``hook_in`` / ``hook_out`` only: its state is not exposed per step, so analyses that edit or read the state
-    inside the recurrence refuse it. The user's model is changed in place: named ``nn.LSTM`` / ``nn.GRU`` modules are
-    replaced by ``HookedRNN`` (same Parameter objects; their state-dict keys become ``<name>.layers.{k}.rnn.*``), and
-    forward hooks on the named modules call the hook points.
+    inside the recurrence refuse it.
+
+    **The user's model keeps its module tree and its ``state_dict`` keys.** Forward hooks on the named modules call
+    the hook points; a named ``nn.LSTM`` / ``nn.GRU`` stays where it is and its ``forward`` is served by a
+    ``HookedRNN`` on its own Parameter objects, held here, outside the user's tree. So a ``state_dict`` saved before
+    the wrap loads into the wrapped model's user module and into a fresh copy alike, and an optimizer built on the
+    user's model trains what the wrapper runs. This wrapper's own ``state_dict`` is the user's under ``module.``,
+    plus each attention gate (``sites.<name>.gate``). ``unwrap()`` (or leaving a ``with probe.wrap(...)`` block)
+    removes every hook and served forward and returns the user's model as it was.
     """
 
     def __init__(self, model: nn.Module, attention: Sequence[str], recurrent: Sequence[str],
@@ -277,32 +339,73 @@ class WrappedModel(HookedRootModule):
         super().__init__()
         if isinstance(model, WrappedModel):
             raise ProbeError("this model is already wrapped: use it as it is")
+        if _wrapped_by_probe(model):
+            raise ProbeError(f"this {type(model).__name__} is already wrapped by another probe.wrap: use that wrapper, "
+                             "or call its unwrap() first")
+        attention, recurrent, resid = (resolve_names(model, names) for names in (attention, recurrent, resid))
+        named = [*attention, *recurrent, *resid]
+        if len(set(named)) != len(named):
+            twice = sorted({n for n in named if named.count(n) > 1})
+            raise ProbeError(f"a module is named twice in attention / recurrent / resid: {', '.join(twice)}")
         self.module = model
         self.task = task
         self.forward_kwargs = dict(forward_kwargs or {})
-        names = dict(model.named_modules())
-        named = [*attention, *recurrent, *resid]
-        for n in named:
-            if n not in names or not n:
-                raise ProbeError(f"{type(model).__name__} has no submodule {n!r}{_nearest(n, list(names))}")
-        if len(set(named)) != len(named):
-            raise ProbeError(f"a module is named twice in attention / recurrent / resid: {named}")
-        self.attention_names, self.recurrent_names, self.resid_names = list(attention), list(recurrent), list(resid)
-        for n in recurrent:
-            if type(names[n]) in (nn.LSTM, nn.GRU):
-                parent, _, last = n.rpartition(".")
-                setattr(model.get_submodule(parent), last, HookedRNN(names[n], n))
+        self.attention_names, self.recurrent_names, self.resid_names = attention, recurrent, resid
+        self.unwrapped = False
+        # a plain dict, not a submodule: the hooked cells hold the user's Parameters, which would otherwise appear a
+        # second time in this wrapper's state_dict; setup() names their hook points
+        self.rnns: dict[str, HookedRNN] = {n: HookedRNN(model.get_submodule(n), n) for n in recurrent
+                                           if type(model.get_submodule(n)) in (nn.LSTM, nn.GRU)}
         self.sites = nn.Module()
         for n in named:
             site = self._site(n)
             site.activate(attention=n in attention)
             module = model.get_submodule(n)
-            # bound methods of the site, so that a deepcopy of the wrapped model calls its own copies
+            # bound methods of the site (and of the HookedRNN), so that a deepcopy of the wrapped model calls its own
+            # copies, and unwrap() finds them by their owner
             module.register_forward_pre_hook(site.pre, with_kwargs=True)
             module.register_forward_hook(site.post, with_kwargs=True)
+            if n in self.rnns:
+                module.forward = self.rnns[n].forward
         self.hook_logits = HookPoint()  # [batch, pos, vocab]
         self.cfg = self._config()
+        self.register_load_state_dict_pre_hook(_renamed_rnn_keys)
         self.setup()
+
+    def unwrap(self) -> nn.Module:
+        """Remove every hook and served ``forward`` this wrap put on the user's model and return the model, as it was
+        before ``probe.wrap`` (its Parameters carry whatever training did meanwhile). The wrapper is not usable
+        afterwards; wrap the model again to analyse it."""
+        sites = set(map(id, self.sites.modules()))
+        for m in self.module.modules():
+            for hooks in (m._forward_pre_hooks, m._forward_hooks):
+                for key in [k for k, h in hooks.items() if _is_ours(h, Site) and id(h.__self__) in sites]:
+                    del hooks[key]  # what RemovableHandle.remove() does, found by owner rather than by handle
+                    for extra in (m._forward_hooks_with_kwargs, m._forward_pre_hooks_with_kwargs,
+                                  m._forward_hooks_always_called):
+                        extra.pop(key, None)
+            served = m.__dict__.get("forward")
+            if _is_ours(served, HookedRNN) and served.__self__ in self.rnns.values():
+                del m.forward
+        self.unwrapped = True
+        return self.module
+
+    def rename_old_keys(self, named: dict[str, Any], prefix: str = "") -> None:
+        """Rename, in place, the keys of ``named`` (a state_dict, or anything keyed by parameter name) that a wrapper
+        wrote before wraps kept the user's module tree, the one place old names are read."""
+        # old: a named nn.LSTM / nn.GRU was swapped for a HookedRNN, so its weights were <name>.layers.{k}.rnn.<w>_l0
+        for path, rnn in self.rnns.items():
+            for k in range(len(rnn.layers)):
+                for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                    old, new = f"{prefix}module.{path}.layers.{k}.rnn.{w}_l0", f"{prefix}module.{path}.{w}_l{k}"
+                    if old in named and new not in named:
+                        named[new] = named.pop(old)
+
+    def __enter__(self) -> WrappedModel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.unwrap()
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -357,7 +460,9 @@ class WrappedModel(HookedRootModule):
         """TransformerLens's ``setup``, with each hook point named by its path in the user's model (``lstm.hook_in``,
         not ``sites.lstm.hook_in``)."""
         self.mod_dict, self.hook_dict = {}, {}
-        for name, module in self.named_modules():
+        # the hooked cells are held outside the module tree (``rnns``): their hook points are named here, by path
+        held = [(f"module.{path}.{sub}", m) for path, rnn in self.rnns.items() for sub, m in rnn.named_modules() if sub]
+        for name, module in [*self.named_modules(), *held]:
             short = name.partition(".")[2] if name.startswith(("module.", "sites.")) else name
             if name.startswith("module."):
                 self.mod_dict.setdefault(short, module)
@@ -375,6 +480,8 @@ class WrappedModel(HookedRootModule):
     ) -> Float[Tensor, "batch pos vocab"] | Float[Tensor, ""] | tuple[Tensor, Tensor] | None:
         """As ``HookedSequenceModel.forward``: logits, or the cross-entropy against ``labels`` at every labelled
         position (``IGNORE_INDEX`` elsewhere; no next-token shift: every answer is read at its own position)."""
+        if self.unwrapped:
+            raise ProbeError("this wrapper was unwrapped: wrap the model again with probe.wrap to analyse it")
         return_type = resolve_return_type(return_type, labels)
         with cudnn_backprop_ok(tokens, self.training):  # the user's own RNN modules, if any
             out = self.module(tokens, **self.forward_kwargs)
@@ -403,8 +510,11 @@ class WrappedModel(HookedRootModule):
 
     @property
     def recurrent_modules(self) -> list[nn.Module]:
-        """The named recurrent modules (``HookedRNN`` where an ``nn.LSTM`` / ``nn.GRU`` was named)."""
-        return [self.module.get_submodule(n) for n in self.recurrent_names]
+        """The named recurrent modules, each as it runs: the ``HookedRNN`` that serves a named ``nn.LSTM`` /
+        ``nn.GRU`` (its parameters are the user's module's own), the user's module itself otherwise."""
+        for rnn in self.rnns.values():
+            rnn.borrow()  # a Parameter the user replaced since the last forward
+        return [self.rnns.get(n) or self.module.get_submodule(n) for n in self.recurrent_names]
 
     @property
     def lstm_layers(self) -> list[nn.Module]:
@@ -521,9 +631,11 @@ def wrap(model: nn.Module, attention: Sequence[str] = (), recurrent: Sequence[st
     ``HookedRootModule`` that probe's analyses take, given the paths of its attention and recurrent submodules (and
     optionally of residual-stream points, e.g. each block). Hook names and what is exposed: ``WrappedModel``.
 
-    ``task``: the task the model answers (the analyses' default); ``forward_kwargs``: passed to every call of
-    ``model`` (``{"use_cache": False}`` for a transformers model). The model is changed in place (see
-    ``WrappedModel``) and keeps its train / eval mode."""
+    Each name is a path in ``model.named_modules()`` or an fnmatch pattern over them (``blocks.*.attn`` names every
+    block's attention). ``task``: the task the model answers (the analyses' default); ``forward_kwargs``: passed to
+    every call of ``model`` (``{"use_cache": False}`` for a transformers model). The model keeps its module tree,
+    its ``state_dict`` keys and its train / eval mode; its named modules run through hooks until ``unwrap()`` (see
+    ``WrappedModel``)."""
     if not attention and not recurrent:
         raise ProbeError("wrap needs the names of the model's attention and/or recurrent modules "
                          "(attention=[...], recurrent=[...])")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
+import sys
 import textwrap
 
 import pytest
@@ -65,7 +67,9 @@ def test_hooked_cells_carry_the_users_weights(task, cell, num_layers, batch_firs
     tokens = task.sample(12, 4, 0).tokens
     expected = model(tokens)
     wrapped = probe.wrap(model, attention=["attn"], recurrent=["lstm"])
-    assert isinstance(model.lstm, HookedRNN) and {id(p) for p in model.lstm.parameters()} == params
+    # the user's module stays an nn.LSTM / nn.GRU; the HookedRNN that serves it runs on its own Parameters
+    assert type(model.lstm) is cell and isinstance(wrapped.recurrent_modules[0], HookedRNN)
+    assert {id(p) for p in wrapped.recurrent_modules[0].parameters()} == params
     torch.testing.assert_close(wrapped(tokens), expected)
     logits, cache = wrapped.run_with_cache(tokens)  # the hooked path: per-step read-outs beside the kernel
     torch.testing.assert_close(logits, expected)
@@ -148,6 +152,151 @@ def test_what_only_probes_own_models_have_is_refused_in_one_line(task):
     assert no_hooks_left(wrapped)
 
 
+# --- the user's model as it was: tree, state_dict, unwrap, globs -----------------------------------------------------
+class Stacked(nn.Module):
+    """A plain-PyTorch hybrid of three blocks (nn.LSTM, then causal nn.MultiheadAttention, each residual), for globs."""
+
+    def __init__(self, vocab: int, d: int = 16, n: int = 3) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(vocab, d)
+        self.blocks = nn.ModuleList(nn.ModuleDict({"lstm": nn.LSTM(d, d, batch_first=True),
+                                                   "attn": nn.MultiheadAttention(d, 2, batch_first=True)})
+                                    for _ in range(n))
+        self.unembed = nn.Linear(d, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        mask = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool, device=tokens.device).triu(1)
+        for block in self.blocks:
+            x = x + block["lstm"](x)[0]
+            x = x + block["attn"](x, x, x, attn_mask=mask, need_weights=False)[0]
+        return self.unembed(x)
+
+
+def no_hooks_on(model: nn.Module) -> bool:
+    return all(not m._forward_hooks and not m._forward_pre_hooks and "forward" not in m.__dict__
+               for m in model.modules())
+
+
+def test_wrap_keeps_the_users_module_tree_and_state_dict(task):
+    torch.manual_seed(0)
+    model = Stacked(task.vocab_size).eval()
+    keys, saved = list(model.state_dict()), copy.deepcopy(model.state_dict())
+    tree = [(n, type(m)) for n, m in model.named_modules()]
+    tokens = task.sample(10, 4, 0).tokens
+    with torch.no_grad():
+        expected = model(tokens)
+    wrapped = probe.wrap(model, attention=["blocks.*.attn"], recurrent=["blocks.*.lstm"], task=task)
+    assert list(model.state_dict()) == keys and [(n, type(m)) for n, m in model.named_modules()] == tree
+    assert list(wrapped.state_dict()) == [f"module.{k}" for k in keys] + [f"sites.blocks.{i}.attn.gate"
+                                                                          for i in range(3)]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p))  # far from saved: a load that did nothing would leave the logits moved
+        assert (wrapped(tokens) - expected).abs().max() > 0.1
+        model.load_state_dict(saved)  # into the still-wrapped user model, through its per-step hooked path too
+        logits, cache = wrapped.run_with_cache(tokens)
+    torch.testing.assert_close(logits, expected)
+    assert cache["blocks.2.lstm.layers.0.hook_h"].shape == (4, tokens.shape[1], 16)
+    fresh = Stacked(task.vocab_size).eval()  # never wrapped
+    fresh.load_state_dict(saved)
+    torch.testing.assert_close(fresh(tokens), expected)
+    # and the wrapper's own state_dict into a wrapper of another copy
+    other = probe.wrap(Stacked(task.vocab_size).eval(), attention=["blocks.*.attn"], recurrent=["blocks.*.lstm"])
+    other.load_state_dict(wrapped.state_dict())
+    torch.testing.assert_close(other(tokens), expected)
+
+
+def test_unwrap_restores_the_original_forward(task):
+    torch.manual_seed(0)
+    model = Hybrid(task.vocab_size, num_layers=2).eval()
+    tokens = task.sample(8, 2, 0).tokens
+    expected = model(tokens)
+    wrapped = probe.wrap(model, attention=["attn"], recurrent=["lstm"])
+    assert not no_hooks_on(model) and model.lstm.forward.__self__ is wrapped.recurrent_modules[0]
+    with pytest.raises(ProbeError, match="already wrapped by another probe.wrap") as e:
+        probe.wrap(model, attention=["attn"], recurrent=["lstm"])
+    assert "\n" not in str(e.value)
+    wrapped.set_attention_gate(0.0)  # a wrap's gate acts on the user's model while it is wrapped ...
+    assert (model(tokens) - expected).abs().max() > 1e-3
+    assert wrapped.unwrap() is model
+    assert no_hooks_on(model) and model.lstm.forward.__func__ is nn.LSTM.forward
+    torch.testing.assert_close(model(tokens), expected)  # ... and not after
+    with pytest.raises(ProbeError, match="unwrapped: wrap the model again"):
+        wrapped(tokens)
+    with probe.wrap(model, attention=["attn"], recurrent=["lstm"]) as again:  # and it can be wrapped again
+        torch.testing.assert_close(again(tokens), expected)
+    assert no_hooks_on(model)
+
+
+def test_a_glob_wraps_every_matching_block(task):
+    torch.manual_seed(0)
+    model = Stacked(task.vocab_size).eval()
+    wrapped = probe.wrap(model, attention=["blocks.*.attn"], recurrent=["blocks.*.lstm"], task=task)
+    assert wrapped.attention_names == [f"blocks.{i}.attn" for i in range(3)]
+    assert wrapped.recurrent_names == [f"blocks.{i}.lstm" for i in range(3)]
+    assert list(wrapped.hooked_cells) == [f"blocks.{i}.lstm.layers.0" for i in range(3)]
+    wrapped.set_attention_gate([1.0, 0.0, 1.0])
+    _, cache = wrapped.run_with_cache(task.sample(8, 2, 0).tokens)
+    assert cache["blocks.1.attn.hook_out"].abs().max() == 0 and cache["blocks.2.attn.hook_out"].abs().max() > 1e-3
+    for bad, words in [("blocks.*.atn", "no submodule matches 'blocks.*.atn'"), ("block.0.attn", "nearest")]:
+        with pytest.raises(ProbeError, match=words) as e:
+            probe.wrap(Stacked(task.vocab_size), attention=[bad])
+        assert "\n" not in str(e.value)
+    with pytest.raises(ProbeError, match="named twice.*blocks.0.attn"):
+        probe.wrap(Stacked(task.vocab_size), attention=["blocks.*.attn", "blocks.0.attn"])
+
+
+def test_an_optimizer_on_the_users_model_trains_what_the_wrapper_runs(task):
+    torch.manual_seed(0)
+    model = Hybrid(task.vocab_size)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)  # built before the wrap, on the user's model
+    wrapped = probe.wrap(model, attention=["attn"], recurrent=["lstm"], task=task)
+    batch = task.sample(8, 8, 0)
+    before = wrapped(batch.tokens, batch.labels, return_type="loss")
+    before.backward()
+    assert all(p.grad is not None and p.grad.abs().max() > 0 for p in model.lstm.parameters())
+    optimizer.step()
+    after = wrapped(batch.tokens, batch.labels, return_type="loss")
+    assert after < before - 1e-3
+    # the wrapper runs the user's current weights, also where a load replaced the Parameter objects
+    fresh = Hybrid(task.vocab_size)
+    fresh.load_state_dict(model.state_dict())
+    model.load_state_dict({k: v + 0.1 for k, v in model.state_dict().items()}, assign=True)
+    fresh.load_state_dict({k: v + 0.1 for k, v in fresh.state_dict().items()})
+    logits, _ = wrapped.eval().run_with_cache(batch.tokens)
+    torch.testing.assert_close(logits, fresh.eval()(batch.tokens))
+    assert {id(p) for p in wrapped.recurrent_parameters()} == {id(p) for p in model.lstm.parameters()}
+
+
+def test_weights_saved_under_the_old_wrapper_names_still_load(task, tmp_path, monkeypatch):
+    """Before wraps kept the user's tree, a wrapped nn.LSTM's weights were saved as ``<name>.layers.{k}.rnn.<w>_l0``
+    (state_dict and the trajectory's AdamW moments): a checkpoint written then rebuilds with the same weights."""
+    from probe.checkpoint import checkpoint_from_model, load_checkpoint, save_checkpoint
+    from probe.external import FactoryModelConfig
+
+    (tmp_path / "old_hybrid.py").write_text(textwrap.dedent(FACTORY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg, _ = FactoryModelConfig.of("old_hybrid:factory")
+    model = cfg.build(task)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)  # not the factory's weights: a load that did nothing would show
+    ckpt = checkpoint_from_model(model, task)
+    old = dict(ckpt.state_dict)
+    for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+        old[f"module.lstm.layers.0.rnn.{w}_l0"] = old.pop(f"module.lstm.{w}_l0")
+    assert "module.lstm.layers.0.rnn.weight_ih_l0" in old and "module.lstm.weight_ih_l0" not in old
+    ckpt.state_dict = old
+    ckpt.extra["lstm_adam"] = {"exp_avg_sq": {"module.lstm.layers.0.rnn.bias_hh_l0": torch.ones(64)}}
+    loaded = load_checkpoint(save_checkpoint(tmp_path / "old.pt", ckpt))
+    rebuilt = loaded.build_model()
+    tokens = task.sample(8, 2, 0).tokens
+    torch.testing.assert_close(rebuilt(tokens), model.eval()(tokens))
+    assert set(loaded.extra["lstm_adam"]["exp_avg_sq"]) == {"module.lstm.bias_hh_l0"}
+    sys.modules.pop("old_hybrid", None)
+
+
 # --- analyses on the wrapped hybrid ----------------------------------------------------------------------------------
 def test_gradient_split_and_its_exactness_checks(task):
     wrapped = wrapped_hybrid(task)
@@ -194,7 +343,7 @@ def test_random_init_copy_is_hooked_on_its_own(task):
     _, mine = wrapped.run_with_cache(tokens)
     assert set(cache.keys()) == set(mine.keys())
     assert not torch.allclose(cache["lstm.layers.0.hook_h"], mine["lstm.layers.0.hook_h"])
-    assert not torch.equal(other.module.lstm.layers[0].rnn.weight_hh_l0, wrapped.module.lstm.layers[0].rnn.weight_hh_l0)
+    assert not torch.equal(other.module.lstm.weight_hh_l0, wrapped.module.lstm.weight_hh_l0)
 
 
 # --- the command line: package.module:factory in place of a checkpoint ----------------------------------------------
