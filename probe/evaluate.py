@@ -19,6 +19,7 @@ import torch
 from probe import hardware
 from probe.cli import envelope, positive_int, resolve_device
 from probe.core.chance import chance
+from probe.core.inputs import check_inputs
 from probe.core.lengths import multiples, parse_lengths, stepped, up_to
 from probe.core.meta import variant_name
 from probe.core.progress import note, progress_bar, progress_iter
@@ -56,6 +57,7 @@ def accuracy_at_length(
     all at once), so the draws, and the numbers, do not depend on how much memory the forward pass may use.
     Sequence accuracy of a subtask counts only sequences that ask that subtask at least once (NaN if none does).
     """
+    check_inputs("probe.evaluate.accuracy_at_length", forward=model, task=task)
     if n_samples < 1 or batch_size < 1:
         raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
     device = device or next(model.parameters()).device
@@ -113,6 +115,7 @@ def length_curve(
     the ones just freed: glibc's allocator then keeps the freed blocks and takes new ones, and the resident set of
     ``--lengths 1:400`` at 16 sequences a length grew by 3.3 GB (a 2-block hybrid), against 0.3 GB longest first
     (``benchmarks/evaluate_memory.py --order``)."""
+    check_inputs("probe.evaluate.length_curve", forward=model, task=task)
     lengths = list(lengths)
     device = next(model.parameters()).device
     check_lengths(model.cfg, task, lengths, device)  # before any work
@@ -147,6 +150,7 @@ def evaluate_checkpoints(paths: Sequence[str | Path], lengths: Sequence[int] | N
     Default lengths: ``default(L_train)`` of each checkpoint's task (1 .. 4 x L_train). ``factors``: also
     ``state_mod{q}`` rows (see ``accuracy_at_length``).
     """
+    check_inputs("probe.evaluate.evaluate_checkpoints", paths=paths)
     if n_samples < 1 or batch_size < 1:
         raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
     # every file and every length is checked before any evaluation runs, so a bad one costs no time
@@ -188,6 +192,7 @@ def evaluate_windows(paths: Sequence[str | Path], max_length: int | None = None,
     sequences of ``max_length`` (default 16 x L_train of each checkpoint): ``checkpoint, label, seed, train_length,
     evaluated_length, window, lo, hi, beyond, subtask, token_acc, seq_acc, n_tokens, chance, above_chance_by,
     precision, optimizer_impl, trained_on``."""
+    check_inputs("probe.evaluate.evaluate_windows", paths=paths)
     from probe.checkpoint import load_checkpoint
 
     ckpts = [load_checkpoint(path) for path in paths]

@@ -38,6 +38,7 @@ import pandas as pd
 import torch
 
 from probe.cli import resolve_device
+from probe.core.inputs import check_inputs
 from probe.core.rows import CONTROL, INSTRUMENT, check_row
 from probe.errors import ProbeError
 from probe.runner import CheckpointOptions, Command, Report, lengths_option, option, samples_option, threads_option
@@ -92,6 +93,7 @@ def measure_transitions(model: HookedSequenceModel, task: TaskConfig, length: in
     ``block, channel, token`` (the stream token's id; numbers are 0..m-1), ``kind`` (number | other),
     ``modulus`` (mean |a_t|), ``phase`` (circular mean of arg a_t, in (-pi, pi]), ``phase_spread`` (circular
     standard deviation), ``modulus_sd``, ``b`` (mean input gate), ``n`` (positions)."""
+    check_inputs("probe.transitions.measure_transitions", model=model, task=task)
     reason = not_applicable(model)
     if reason:
         raise ProbeError(reason)
@@ -181,6 +183,7 @@ def measure_fade(model: HookedSequenceModel, task: TaskConfig, n_samples: int = 
     underflows (a channel that forgets). NaN where the model's learned position table is too short for the
     dictionary prefix and ``steps`` tokens. ``stream`` (``sample_stream`` with the same n_samples, seed and steps)
     reuses a forward pass already run."""
+    check_inputs("probe.transitions.measure_fade", model=model, task=task)
     stream = _stream(model, task, n_samples, seed, steps, stream)
     layers = model.lstm_layers
     windows = windows_for(task.train_length, steps)
@@ -210,6 +213,7 @@ def measure_phase_windows(model: HookedSequenceModel, task: TaskConfig, channels
     fade is ``measure_fade``'s); NaN for a channel of order 1 (no counting) and where the model's learned position
     table is too short. ``channel_table``'s drift horizon predicts this from the transitions at one length; this
     measures it where the context leaves what training saw. ``stream`` as for ``measure_fade``."""
+    check_inputs("probe.transitions.measure_phase_windows", model=model, task=task)
     stream = _stream(model, task, n_samples, seed, steps, stream)
     layers = model.lstm_layers
     windows = windows_for(task.train_length, steps)

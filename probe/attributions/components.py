@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from probe.core.inputs import check_inputs
 from probe.models import HookedSequenceModel
 from probe.tasks import SUBTASKS, Batch
 from probe.wrapped import WrappedModel
@@ -27,6 +28,7 @@ def component_ablation(model: HookedSequenceModel | WrappedModel, batch: Batch, 
 
     A wrapped model: one row per named module (``sublayer_outputs``), ``block`` its place in that order and
     ``component`` ``lstm`` for every recurrent module, whatever its kind (the column probe's own models use)."""
+    check_inputs("probe.attributions.component_ablation", model=model, batch=batch, masks=subtasks)
     sublayers = model.sublayer_outputs()
     hooks = list(sublayers)
     rows = []

@@ -24,6 +24,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from probe.core.inputs import check_inputs
 from probe.core.progress import progress_iter
 from probe.errors import ProbeError
 from probe.memory import fit_batch_size
@@ -178,6 +179,7 @@ def resample_occlusion(model: HookedSequenceModel | WrappedModel, batch: Batch, 
     """Resample every input token once per sequence and record, for every state answer, whether the model
     follows the change, under each path condition (see the module docstring). Corrupted sequences run ``chunk``
     at a time, fewer where that many would not fit in memory."""
+    check_inputs("probe.attributions.resample_occlusion", model=model, batch=batch, task=task, masks=("state",))
     device = batch.tokens.device
     chunk = fit_batch_size(model.cfg, batch.tokens.shape[1], chunk, device)
     gen = torch.Generator().manual_seed(seed)

@@ -13,12 +13,14 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from probe.core.inputs import check_inputs
 from probe.models import HookedSequenceModel
 from probe.tasks import Batch
 
 
 def value_weighted_attention(model: HookedSequenceModel, batch: Batch) -> dict[int, Tensor]:
     """Per attention block: (batch, query, key) shares, each query's row summing to 1 (0 before the first key)."""
+    check_inputs("probe.attributions.value_weighted_attention", model=model, batch=batch)
     names = [n for n in model.hook_dict if n.endswith(("attn.hook_pattern", "attn.hook_v"))]
     with torch.no_grad():
         _, cache = model.run_with_cache(batch.tokens, names_filter=lambda n: n in names)
@@ -40,6 +42,7 @@ def read_profile(model: HookedSequenceModel, batch: Batch, far: int) -> tuple[pd
     """(profile, far) tables over the state answers. profile rows: ``block, distance (t - s; null in the prefix),
     in_prefix, mass`` (mean share over answers); far rows: ``block, k, prefix, near (distance 0..k), far (> k)``
     for answers at t > k."""
+    check_inputs("probe.attributions.read_profile", model=model, batch=batch, masks=("state",))
     shares = value_weighted_attention(model, batch)
     state = (batch.masks["state"] & batch.answer_mask).cpu()
     p = batch.prefix_len

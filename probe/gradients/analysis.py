@@ -14,6 +14,7 @@ import torch
 from probe.checkpoint import Checkpoint, load_checkpoint, resolve_checkpoints
 from probe.core.batches import analysis_batch
 from probe.core.gates import attention_gates
+from probe.core.inputs import check_inputs
 from probe.core.lengths import multiples
 from probe.core.meta import checkpoint_meta, schedule_gate
 from probe.core.progress import note, progress_iter
@@ -104,6 +105,7 @@ def split_with_checks(model: HookedSequenceModel | WrappedModel, task: TaskConfi
     gradient of the model's own loss computed in a pass of its own (``loss_split``), g_rec by the method's cut
     agrees with g_rec by another route (``g_rec_two_routes``), and g_rec plus g_att computed on its own, without
     any cut, is g (``parts_sum_to_whole``). ``meta``: columns every row carries."""
+    check_inputs("probe.gradients.split_with_checks", model=model, task=task)
     meta = meta or {"checkpoint": "<model>"}
     table = pd.concat([interference(model, analysis_batch(task, length, batch_size, seed, device))
                        .assign(**meta, length=length) for length in lengths], ignore_index=True)
@@ -126,6 +128,7 @@ def analyze_model(model: HookedSequenceModel | WrappedModel, task: TaskConfig | 
     """The gradient split of a live model -- probe's own or one from ``probe.wrap`` -- at each length (default the
     training length and 3x), with its exactness checks and the hand-built control; no lookahead (it needs the
     optimizer's moments, which a checkpoint carries: ``analyze_checkpoint``). ``task`` defaults to the model's."""
+    check_inputs("probe.gradients.analyze_model", model=model, task=task, task_optional=True)
     task = task or getattr(model, "task", None)
     if task is None:
         raise ProbeError("analyze_model needs the task the model answers: pass task= (probe.tasks.make_task(...))")
@@ -149,6 +152,7 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
     """Interference at each length, the lookahead (unless ``lookahead_cfg`` is None), the real-step lookahead
     (``real_step_report``, when ``real_step`` is given; with a ``rollout`` of that many steps when > 0) and the
     per-checkpoint controls, for one checkpoint."""
+    check_inputs("probe.gradients.analyze_checkpoint", ckpt=ckpt)
     check_family(ckpt, ckpt.name)
     meta = checkpoint_meta(ckpt)
     model = ckpt.build_model(device)
@@ -191,6 +195,7 @@ def analyze(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, b
             real_step: RealStepConfig | None = None, rollout: int = 0) -> GradientReport:
     """Every checkpoint in ``paths`` (files, trajectory or run directories, globs), plus the built-in control;
     ``real_step`` and ``rollout`` as in ``analyze_checkpoint``."""
+    check_inputs("probe.gradients.analyze", paths=paths)
     files = resolve_checkpoints([str(p) for p in paths])
     ckpts = [load_checkpoint(p) for p in files]  # validate every file and length before spending time on any
     for c in ckpts:

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from probe.core.inputs import check_inputs
 from probe.core.progress import progress_iter
 from probe.core.rows import CONTROL, check_row, threshold_row
 from probe.gradients.controls import FIRST_ORDER_TOL
@@ -248,6 +249,7 @@ def measure_beyond_range(model: HookedSequenceModel, task: TaskConfig, moments: 
     ``draw`` are the run's, as its checkpoint records them (``probe.training.state.step_state``): the learning rate
     at the checkpoint's step and the function that drew its training batches. ``progress``: a bar over the
     directions stepped along (most of the time)."""
+    check_inputs("probe.gradients.measure_beyond_range", model=model, task=task)
     cfg = cfg or LookaheadConfig()
     theta = check_has_lstm(model)
     if moments is not None:

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from probe.core.inputs import check_inputs
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
 from probe.tasks import IGNORE_INDEX, Batch
@@ -205,6 +206,7 @@ def decompose(model: HookedSequenceModel, batch: Batch, cut: Cut = attention_inp
               split: Callable[[Tensor, Batch], dict[str, Tensor]] = split_losses) -> Decomposition:
     """``g``, ``g_rec`` (per loss part) and the gradient of the model's own loss (``g_ref``), for every block.
     ``cut`` and ``split`` are parameters so that the tests can break the method and watch the controls fail."""
+    check_inputs("probe.gradients.decompose", model=model, batch=batch, masks=("state", "recall"))
     theta = lstm_parameters(model)
     flat = check_has_lstm(model)
     sizes = [sum(p.numel() for p in ps) for ps in theta]
@@ -235,6 +237,7 @@ def decompose(model: HookedSequenceModel, batch: Batch, cut: Cut = attention_inp
 def interference(model: HookedSequenceModel | WrappedModel, batch: Batch) -> pd.DataFrame:
     """The interference table of one model on one batch (see ``Decomposition.table``); a wrapped model's rows also
     name each recurrent module (``module``; ``block`` counts them in the order they were named)."""
+    check_inputs("probe.gradients.interference", model=model, batch=batch, masks=("state", "recall"))
     table = decompose(model, batch).table()
     if isinstance(model, WrappedModel):
         table.insert(1, "module", [*model.recurrent_names, "all"])

@@ -28,6 +28,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from probe.core.inputs import check_inputs
 from probe.core.progress import progress_iter
 from probe.gradients.beyond import verdict_beyond
 from probe.gradients.decomposition import Cut, attention_inputs_detached, check_has_lstm, flat_grad, state_loss
@@ -80,6 +81,7 @@ def measure_lookahead(model: HookedSequenceModel, task: TaskConfig, moments: Mom
     """One row per part (att, rec, full) and target (``loss`` train or state, ``length``); columns in the CLI's
     --help. ``cut`` is a parameter so that the tests can break the method; ``draw`` draws training batches as the
     run did (a checkpoint's ``probe.training.state.step_state(ckpt).draw``)."""
+    check_inputs("probe.gradients.measure_lookahead", model=model, task=task)
     cfg = cfg or LookaheadConfig()
     theta = check_has_lstm(model)
     targets = _targets(task, cfg, seed, device, draw)

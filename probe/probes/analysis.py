@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from probe.checkpoint import Checkpoint
+from probe.core.inputs import check_inputs
 from probe.core.lengths import multiples
 from probe.core.meta import variant_name
 from probe.core.progress import note, progress_iter
@@ -140,6 +141,7 @@ def probe_model(
     A wrapped model: each layer of a named ``nn.LSTM`` / ``nn.GRU`` is a block of the state interventions; every
     other named recurrent module gets the module-level interchange of its outputs (``probe.probes.outputs``: kinds
     ``output`` and ``output_same_sum``, no verdict)."""
+    check_inputs("probe.probes.probe_model", model=model, task=task)
     model.eval()
     L = task.train_length
     window_names = resolve_windows(windows, L)
@@ -309,6 +311,7 @@ checks)."""
 
 def run_probes(ckpt: Checkpoint, device: torch.device | str = "cpu", **kw: Any) -> ProbeResult:
     """``probe_model`` on a checkpoint's model and its own task."""
+    check_inputs("probe.probes.run_probes", ckpt=ckpt)
     model = ckpt.build_model(device)
     result = probe_model(model, ckpt.task_config, name=str(ckpt.path or ckpt.name), **kw)
     result.meta.update(family=ckpt.model_config.family, schedule=ckpt.schedule, label=variant_name(ckpt),

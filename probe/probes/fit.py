@@ -14,6 +14,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import StandardScaler
 from threadpoolctl import threadpool_limits
 
+from probe.core.inputs import check_inputs
 from probe.core.seeds import PROBES
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
@@ -186,6 +187,7 @@ def collect_activations(model: HookedSequenceModel, task: TaskConfig, lengths: I
                         control_seed: int = 0, targets: Sequence[str] = ()) -> Activations:
     """Run ``n_per_length`` sequences of each length through ``model`` and keep the hooks at state positions;
     ``targets``: further control targets to label them with (``targets.control_labels`` names)."""
+    check_inputs("probe.probes.collect_activations", model=model, task=task)
     device = next(model.parameters()).device
     single = list(dict.fromkeys(p for h in hooks for p in parts(h)))
     feats: dict[str, list[np.ndarray]] = {h: [] for h in single}

@@ -13,6 +13,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from probe.core.inputs import check_inputs
 from probe.core.seeds import PATCHING
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
@@ -285,6 +286,7 @@ def interchange_intervention(
     length: the probe's subspace moves at least ``RANDOM_SUBSPACE_MARGIN`` more of the later answers to the
     counterfactual than the random subspaces).
     """
+    check_inputs("probe.probes.interchange_intervention", model=model, task=task)
     blocks = lstm_blocks(model)
     if not blocks:
         return pd.DataFrame(), pd.DataFrame()

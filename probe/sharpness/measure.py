@@ -14,6 +14,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from probe.attention import recall_targets
+from probe.core.inputs import check_inputs
 from probe.core.progress import progress_iter
 from probe.core.stats import bootstrap_ci
 from probe.errors import ProbeError
@@ -88,6 +89,7 @@ def measure_queries(model: HookedSequenceModel, task: TaskConfig, batch: Batch,
     each recall query's row, so memory stays that of a plain forward. ``fwd_hooks`` run first (an instrument check
     writes a known attention there). The gap of a target is its score minus the mean score of the query's other
     causal keys, read after any logit scaling."""
+    check_inputs("probe.sharpness.measure_queries", model=model, batch=batch, task=task)
     mask, targets, placebo = query_targets(task, batch)
     qb, qt = mask.nonzero(as_tuple=True)
     stats = QueryStats(sequence=qb.cpu(), keys=(qt + 1).cpu())
@@ -159,6 +161,7 @@ def measure_length(model: HookedSequenceModel, task: TaskConfig, length: int, n_
                    fwd_hooks: HookList = ()) -> list[QueryStats]:
     """Per-query statistics on the sequences ``probe.evaluate`` scores at ``length`` (same seeds), run in sub-batches
     that fit in memory."""
+    check_inputs("probe.sharpness.measure_length", model=model, task=task)
     device = next(model.parameters()).device
     fits = fit_batch_size(model.cfg, length, BATCH, device, prefix=task.prefix_len)
     out, done, chunk = [], 0, 0
@@ -206,6 +209,7 @@ def sharpness_curve(model: HookedSequenceModel, task: TaskConfig, lengths: Seque
     """Mass rows (``length, scale`` + ``mass_rows``) and recall accuracy rows (``length, scale, subtask, token_acc,
     seq_acc, n_tokens``: ``probe.evaluate.accuracy_at_length`` on the same sequences) at every length; Δ is fitted at
     L_train (measured there whether or not it is in ``lengths``). ``progress``: a bar over the lengths on stderr."""
+    check_inputs("probe.sharpness.sharpness_curve", model=model, task=task)
     device = next(model.parameters()).device
     lengths = [int(x) for x in lengths]
     check_lengths(model.cfg, task, [*lengths, task.train_length], device)  # before any work

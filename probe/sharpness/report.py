@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
+from probe.core.inputs import check_inputs
 from probe.core.lengths import multiples
 from probe.core.meta import variant_name
 from probe.memory import check_lengths
@@ -37,6 +38,7 @@ def analyze(ckpt: Checkpoint, lengths: Sequence[int] | None = None, n_samples: i
             control_samples: int = 32, progress: bool = False) -> SharpnessResult:
     """The diagnostic on one checkpoint at ``lengths`` (default 1x, 4x, 8x, 16x L_train) under each of ``scales``,
     with its instrument check and controls (``probe.sharpness.controls``); ``progress``: a bar over the lengths."""
+    check_inputs("probe.sharpness.analyze", ckpt=ckpt)
     name = str(ckpt.path or ckpt.name)
     task = ckpt.task_config
     why = not_applicable(ckpt.model_config, task)

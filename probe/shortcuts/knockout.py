@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from probe.core.gates import attention_gates
+from probe.core.inputs import check_inputs
 from probe.core.lengths import multiples
 from probe.core.progress import progress_iter
 from probe.shortcuts.effects import drop_row, na_row
@@ -35,6 +36,7 @@ def attention_knockout(model: Forward, task: TaskConfig, lengths: Sequence[int] 
     effect (= baseline_acc - acc), ci_low, ci_high`` (paired bootstrap over sequences), ``n_sequences, n_answers,
     applicable, reason``. ``model`` needs ``attention_gates()`` / ``set_attention_gate()``; a model without
     attention gets one not-applicable row per length and subtask."""
+    check_inputs("probe.shortcuts.attention_knockout", forward=model, task=task)
     lengths = [int(x) for x in (lengths or multiples(task.train_length, DEFAULT_FACTORS))]
     cfg = getattr(model, "cfg", None)
     if cfg is None or not cfg.has_attention:

@@ -16,6 +16,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from probe.core.chance import chance
+from probe.core.inputs import check_inputs
 from probe.core.progress import progress_iter
 from probe.core.seeds import SHORTCUT_POSITIONAL
 from probe.core.stats import bootstrap_ci
@@ -165,6 +166,7 @@ def positional_tests(model: Forward, task: TaskConfig, offsets: Sequence[int] | 
                      pad: Pad = pad_stream, progress: bool = False) -> PositionalResult:
     """The position tests at L_train, each paired with the unperturbed answers on the same sequences. Offsets
     score only answers whose moved position stays below L_train."""
+    check_inputs("probe.shortcuts.positional_tests", forward=model, task=task)
     offsets = [int(k) for k in (default_offsets(task) if offsets is None else offsets)]
     if any(k < 1 or k >= task.train_length for k in offsets):
         raise ProbeError(f"offsets {offsets}: each must lie in [1, L_train - 1 = {task.train_length - 1}] so that "

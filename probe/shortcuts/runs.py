@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from probe.core.inputs import check_inputs
 from probe.core.progress import progress_iter
 from probe.errors import ProbeError
 from probe.shortcuts.effects import FLAG_EFFECT, drop_row, na_row
@@ -87,6 +88,7 @@ def identity_run(forward: Forward, task: TaskConfig, runs: Sequence[int] = DEFAU
     ``after``: the answers after it), ``subtask, acc`` (with the run), ``baseline_acc`` (the same sequences without
     it, same positions), ``effect`` (= baseline_acc - acc), ``ci_low, ci_high`` (paired bootstrap over sequences),
     ``flagged`` (ci_low > FLAG_EFFECT), ``n_sequences, n_answers, applicable, reason``."""
+    check_inputs("probe.shortcuts.identity_run", forward=forward, task=task)
     lt = task.train_length
     if task.name == "recall":
         return IdentityRunResult(pd.DataFrame([{"test": TEST, "run": r, "head": h, "length": lt + r, "where": w,

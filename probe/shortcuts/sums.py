@@ -12,6 +12,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from probe.core.inputs import check_inputs
 from probe.core.lengths import multiples
 from probe.core.progress import progress_iter
 from probe.core.seeds import SHORTCUT_SUMS
@@ -118,6 +119,7 @@ def sum_preserving(forward: Forward, task: TaskConfig, lengths: Sequence[int] | 
     ``flagged`` (ci_low > FLAG_EFFECT), ``baseline_acc, acc`` (on the unchanged label), ``changed_if_right`` (the
     fraction among the ``n_right`` answers that were right before), ``n_sequences`` (perturbed), ``n_skipped``
     (fewer than two numbers in the span), ``applicable, reason``."""
+    check_inputs("probe.shortcuts.sum_preserving", forward=forward, task=task)
     lengths = [int(x) for x in (lengths or multiples(task.train_length, DEFAULT_FACTORS))]
     if task.name == "recall":
         return SumPreservingResult(pd.DataFrame([{"test": TEST, "length": L, "k": k, "subtask": "state", **na_row(

@@ -15,6 +15,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 from probe.core.chance import chance
+from probe.core.inputs import check_inputs
 from probe.core.rows import INSTRUMENT, check_row
 from probe.core.seeds import SHORTCUT_WINDOW
 from probe.shortcuts.oracles import tracker, windowed
@@ -67,6 +68,7 @@ def window_test(forward: Forward, task: TaskConfig, ks: Sequence[int] | None = N
     """For the last state answer t of each sequence, resample every number more than k positions back (queries
     and dictionary fixed; ``resample``), recompute the label with the task's own code, and compare the new
     prediction with the new label and with the old prediction."""
+    check_inputs("probe.shortcuts.window_test", forward=forward, task=task)
     if task.name == "recall":
         return WindowResult(False, "not applicable: the recall task asks no state questions", pd.DataFrame())
     length = length or task.train_length
