@@ -3,6 +3,7 @@ each control fails on the broken method it guards against."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -15,6 +16,9 @@ from probe.checkpoint import checkpoint_from_model, save_checkpoint
 from probe.gradients import known_split_case
 
 from conftest import tiny_model
+
+needs_captum = pytest.mark.skipif(importlib.util.find_spec("captum") is None,
+                                  reason="integrated gradients need captum: pip install -e '.[attributions]'")
 
 
 @pytest.fixture
@@ -120,6 +124,7 @@ def test_component_ablation_of_attention_equals_its_gate_at_zero(task, batch):
     assert table.loc[("state", 1, "attn"), "effect"] == pytest.approx(float(clean - gated), rel=1e-5, abs=1e-6)
 
 
+@needs_captum
 def test_ig_converges_on_a_smooth_model_and_completes_to_the_occlusion_effect(task, batch):
     model = tiny_model("hybrid", task.vocab_size)
     answers = A.choose_answers(batch, 3, 2)
@@ -138,6 +143,7 @@ def test_ig_converges_on_a_smooth_model_and_completes_to_the_occlusion_effect(ta
     assert ((res.table.ig - res.table.effect).abs() <= 0.05 * res.table.effect.abs() + 0.02).all()
 
 
+@needs_captum
 def test_ig_control_fails_when_the_path_starts_elsewhere(task, batch):
     model = tiny_model("hybrid", task.vocab_size, d_model=32)
     answers = A.choose_answers(batch, 3, 2)
@@ -148,6 +154,7 @@ def test_ig_control_fails_when_the_path_starts_elsewhere(task, batch):
     assert res.kept().empty or res.kept().answer.nunique() < res.n_answers
 
 
+@needs_captum
 def test_cli_json(task, tmp_path, capsys):
     path = tmp_path / "h.pt"
     save_checkpoint(path, checkpoint_from_model(tiny_model("hybrid", task.vocab_size), task))

@@ -16,6 +16,7 @@ from probe.attributions.occlusion import resample_occlusion
 from probe.attributions.reads import read_profile
 from probe.checkpoint import Checkpoint, load_checkpoint, resolve_checkpoints
 from probe.core.batches import analysis_batch
+from probe.core.extras import require
 from probe.core.gates import attention_gates
 from probe.core.lengths import multiples
 from probe.core.meta import checkpoint_meta, schedule_gate
@@ -66,6 +67,8 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
     model = ckpt.build_model(device)
     task = ckpt.task_config
     own = isinstance(model, HookedSequenceModel)  # a wrapped model exposes module outputs, not probe's blocks
+    if ig:
+        require("captum.attr")
     if ig and not own:
         raise ProbeError(f"{name}: integrated gradients put the embedding through probe's hook_embed, which a wrapped "
                          "model does not have; run without --ig (occlusion and path patching work on it)")
@@ -113,6 +116,8 @@ def analyze(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, b
             ig_targets: int = 2, ig_max_steps: int = 256, stored_gate: bool = False,
             progress: bool = False) -> AttributionReport:
     """Every checkpoint in ``paths`` (files, directories, globs)."""
+    if ig:
+        require("captum.attr")  # an install without the [attributions] extra is refused before any work
     ckpts = [load_checkpoint(p) for p in resolve_checkpoints([str(p) for p in paths])]
     for c in ckpts:  # every file and length is checked before any work
         task = c.task_config

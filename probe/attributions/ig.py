@@ -16,9 +16,9 @@ from typing import Any
 
 import pandas as pd
 import torch
-from captum.attr import IntegratedGradients
 from torch import Tensor
 
+from probe.core.extras import require
 from probe.models import HookedSequenceModel
 from probe.tasks import Batch
 
@@ -105,7 +105,7 @@ def position_ig(model: HookedSequenceModel, batch: Batch, answers: Sequence[tupl
         rows = torch.arange(len(seq), device=device)
         effect = model(tok)[rows, tgt, lab] - model(replaced)[rows, tgt, lab]
     fwd = PositionLogit(model)
-    ig = IntegratedGradients(fwd)
+    ig = require("captum.attr").IntegratedGradients(fwd)  # captum: the [attributions] extra, used here alone
     attr = torch.zeros(len(seq), device=device)
     delta = torch.full((len(seq),), float("inf"), device=device)
     steps = torch.zeros(len(seq), dtype=torch.long)

@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from probe.core import interrupts
+from probe.core.extras import require
 from probe.errors import ProbeError
 from probe.sweep.config import Run
 from probe.sweep.worker import LOG, RunOptions, RunResult, WorkerFn
 
-RAY_INSTALL = 'pip install -e ".[ray]"'
 GRACE_S = 60.0
 """How long an interrupted sweep waits for its runs to stop at a step boundary (a step, then writing last.pt)
 before it kills them; a second SIGINT or SIGTERM kills them at once."""
@@ -219,10 +219,7 @@ class RayExecutor:
         self.gpus_per_run = gpus_per_run
         self.parallelism, self.startup_s, self._owned = self.jobs, 0.0, False
         self._print = builtins.print  # Ray's tqdm support replaces it in this process; close() puts it back
-        try:
-            import ray  # noqa: F401
-        except ImportError:
-            raise ProbeError(f"--executor ray needs Ray, an optional extra: {RAY_INSTALL}") from None
+        require("ray")
 
     def start(self) -> None:
         import ray
