@@ -114,12 +114,21 @@ DEVICE_HELP = "cpu, cuda, cuda:N or auto (default: cuda if available)"
 SEED_HELP = "seed for every random draw (default 0)"
 
 
+DEFAULT_THREADS = 1
+"""Every command's ``--threads`` default. probe's models are small (d_model 128, a few blocks), so a second thread
+mostly adds synchronisation, and beside other work (a grid, a notebook) torch's default of one thread per core
+oversubscribes the cores; benchmarks/cli_defaults.py measures each command at 1 and 2 threads, idle and beside a
+training run."""
+
+
 def threads_help(default: int) -> str:
-    shown = "torch's default" if default == 0 else str(default)
-    return f"CPU threads for torch (0 = torch's default; default: {shown})"
+    shown = "torch's default, one per core" if default == 0 else str(default)
+    return (f"CPU threads for torch (default: {shown}; 0 = torch's default). probe's models are small: more threads "
+            "rarely pay, and beside other work they oversubscribe the cores and can run several times slower "
+            "(benchmarks/cli_defaults.py)")
 
 
-def add_threads(parser: argparse.ArgumentParser, default: int = 0) -> None:
+def add_threads(parser: argparse.ArgumentParser, default: int = DEFAULT_THREADS) -> None:
     parser.add_argument("--threads", type=nonnegative_int, default=default, metavar="N", help=threads_help(default))
 
 

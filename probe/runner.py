@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from probe.cli import (
+    DEFAULT_THREADS,
     DEVICE_HELP,
     JSON_HELP,
     OUT_HELP,
@@ -93,8 +94,8 @@ def samples_option(default: int, what: str = "sequences per length", aliases: Se
     return option(default, f"{what} (default {default})", type=positive_int, metavar="N", aliases=aliases)
 
 
-def threads_option(default: int = 0) -> Any:
-    """``--threads`` (0 = torch's default)."""
+def threads_option(default: int = DEFAULT_THREADS) -> Any:
+    """``--threads`` (0 = torch's default; every command defaults to ``DEFAULT_THREADS``)."""
     return option(default, threads_help(default), type=nonnegative_int, metavar="N", order=1)
 
 
@@ -105,7 +106,7 @@ NO_PROGRESS_HELP = "no progress bars or phase lines on stderr (shown by default,
 class Options:
     """The flags every command shares."""
 
-    threads: int = threads_option(0)
+    threads: int = threads_option()
     json: bool = option(False, JSON_HELP, order=3)
     out: str | None = option(None, OUT_HELP, metavar="DIR", order=4)
     device: str = option("auto", DEVICE_HELP, order=5)
