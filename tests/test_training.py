@@ -245,3 +245,29 @@ def test_a_resumed_run_s_time_includes_what_it_trained_before_the_interrupt(tmp_
     assert final.metrics["elapsed_s"] > at_interrupt
     assert _wall_s(_read_log(tmp_path)) == pytest.approx(final.metrics["elapsed_s"], abs=0.1)
     assert load_checkpoint(tmp_path / "final.pt").extra["elapsed_s"] >= final.metrics["elapsed_s"]
+
+
+# --- settings that cannot fit, and a run that ends at chance ---------------------------------------------------
+def test_a_warm_up_that_cannot_fit_warns_in_one_line_before_training(tmp_path, capsys):
+    # a preset's 200 warm-up steps in a 30-step DAT run: the learning rate is still rising at the switch
+    cfg = TrainConfig(steps=30, batch_size=4, eval_every=30, eval_samples=4, warmup=200, ckpt_every=30,
+                      traj_every=30, schedule=ScheduleConfig(variant="dat", switch=At(fraction=4 / 9)))
+    train(MODEL, TASK, cfg, tmp_path / "short", progress=False)
+    lines = capsys.readouterr().err.strip().splitlines()
+    first = lines[0]
+    assert first.startswith("warning:") and "train.warmup=200" in first and "before the warm-up ends" in first
+    assert "train.warmup=3" in first  # the fix, sized to the run
+    # the same run ends near chance in range, and says so as its last word
+    assert lines[-1].startswith("warning: the run ends near chance in range") and "chance 10.0 %" in lines[-1]
+    fitting = TrainConfig(steps=30, batch_size=4, eval_every=30, eval_samples=4, warmup=3, ckpt_every=30,
+                          traj_every=30, schedule=ScheduleConfig(variant="dat", switch=At(fraction=4 / 9)))
+    train(MODEL, TASK, fitting, tmp_path / "fits", progress=False)
+    assert "may end near chance" not in capsys.readouterr().err  # no warning before training
+
+
+def test_the_chance_warning_names_the_subtasks_near_chance_only():
+    from probe.training.trainer import chance_warning
+
+    assert chance_warning({"state_acc_1x": 0.144, "recall_acc_1x": 0.080}, TASK).count("chance") == 3
+    assert "recall" not in chance_warning({"state_acc_1x": 0.144, "recall_acc_1x": 0.9}, TASK)
+    assert chance_warning({"state_acc_1x": 0.95, "recall_acc_1x": 0.247}, TASK) is None  # the shipped LSTM's recall

@@ -16,6 +16,7 @@ from torch import Tensor
 from probe import hardware
 from probe.checkpoint import Checkpoint, checkpoint_from_model, load_checkpoint, save_checkpoint
 from probe.core import interrupts
+from probe.core.chance import chance
 from probe.core.lock import folder_lock
 from probe.core.progress import progress_bar
 from probe.errors import ProbeError
@@ -233,8 +234,17 @@ class Trainer:
             raise ProbeError(f"until={until}: a run cannot stop before step 0")
         torch.set_num_threads(self.cfg.threads)
         self.out.mkdir(parents=True, exist_ok=True)
+        if self.step == 0:
+            warning = fit_warning(self.cfg, self.schedule)
+            if warning:
+                print(warning, file=sys.stderr)
         with interrupts.deferred():
-            return self._loop(stop)
+            final = self._loop(stop)
+        if self.step == self.cfg.steps:
+            warning = chance_warning(self.metrics, self.task)
+            if warning:
+                print(f"{warning} ({self.out / 'final.pt'})", file=sys.stderr)
+        return final
 
     def _loop(self, stop: int) -> Checkpoint:
         if self.step == 0:
@@ -280,6 +290,49 @@ class Trainer:
         if self.step == self.cfg.steps:
             save_checkpoint(self.out / "final.pt", final)
         return final
+
+
+WARMUP_SHARE = 1 / 3
+"""A warm-up this share of the run or longer leaves too few steps at full learning rate to fit the task."""
+
+NEAR_CHANCE = 0.1
+"""A final in-range accuracy less than this share of the way from chance to 100 % is "near chance"."""
+
+
+def fit_warning(cfg: TrainConfig, schedule: Schedule) -> str | None:
+    """One line when the settings cannot fit in the steps given: a warm-up of a third of the run or more (a preset's
+    200 steps in a 300-step run), or attention switched on before the warm-up ends. None when they can."""
+    problems = []
+    if cfg.warmup >= WARMUP_SHARE * cfg.steps:
+        problems.append(f"the warm-up (train.warmup={cfg.warmup}) takes {cfg.warmup / cfg.steps:.0%} of the "
+                        f"{cfg.steps}-step run")
+    s = cfg.schedule
+    switches = (s.gate != "on" or s.attention_trains == "from-switch") and not s.adaptive
+    if switches and 0 < schedule.switch_step < cfg.warmup:
+        problems.append(f"attention switches on at step {schedule.switch_step}, before the warm-up ends (step "
+                        f"{cfg.warmup})")
+    if not problems:
+        return None
+    return (f"warning: {' and '.join(problems)}: the run may end near chance; shorten the warm-up (--set "
+            f"train.warmup={max(1, cfg.steps // 10)}) or train longer")
+
+
+def chance_warning(metrics: dict[str, Any], task: TaskConfig) -> str | None:
+    """One line when a finished run's in-range accuracy (``{subtask}_acc_1x``) is near chance (``NEAR_CHANCE``) for
+    any subtask: it has not learned that part of the task."""
+    near = []
+    for subtask in ("state", "recall"):
+        acc = metrics.get(f"{subtask}_acc_1x")
+        try:
+            level = chance(task, subtask)
+        except (AttributeError, ZeroDivisionError):  # a user's task without a label space probe can read
+            continue
+        if acc is not None and acc == acc and acc - level < NEAR_CHANCE * (1 - level):
+            near.append(f"{subtask} {100 * acc:.1f} % (chance {100 * level:.1f} %)")
+    if not near:
+        return None
+    return (f"warning: the run ends near chance in range: {', '.join(near)}; it has not learned "
+            f"{'this part of ' if len(near) == 1 else ''}the task (train longer, or check the warm-up and the switch)")
 
 
 def config_diff(ckpt: Checkpoint, model_cfg: AnyModelConfig, task: TaskConfig, cfg: TrainConfig) -> str | None:
