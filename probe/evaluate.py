@@ -23,7 +23,7 @@ from probe.core.inputs import check_inputs
 from probe.core.lengths import multiples, parse_lengths, stepped, up_to
 from probe.core.meta import variant_name
 from probe.core.progress import note, progress_bar, progress_iter
-from probe.core.rows import CONTROL, check_row
+from probe.core.rows import CONTROL, check_row, control_line
 from probe.core.stats import fraction_above
 from probe.errors import ProbeError
 from probe.memory import PeakMemory, Plan, check_lengths, fit_batch_size, plan_lengths
@@ -350,9 +350,12 @@ def evaluation_envelope(curves: pd.DataFrame, paths: Sequence[str | Path],
         level = chance(task, subtask)
         accs = inside[inside.subtask == subtask].groupby("checkpoint").token_acc.mean().dropna()
         # the baseline a claim of learning must beat: every checkpoint above chance in the training range
+        worst = float(accs.min()) if len(accs) else math.nan
         controls.append(check_row("chance", CONTROL, bool(len(accs)) and bool((accs > level).all()),
-                                  subtask=subtask, token_acc=level, worst_in_range=float(accs.min()) if len(accs)
-                                  else math.nan))
+                                  subtask=subtask, token_acc=level, worst_in_range=worst, value=worst,
+                                  threshold=level, passes_if=">",
+                                  what="the lowest checkpoint's mean in-range accuracy against chance; a fail means "
+                                       "a checkpoint has not learned this subtask in range (the model, not the tool)"))
     return envelope("evaluate", [str(p) for p in paths], rows, controls)
 
 
@@ -501,6 +504,7 @@ def run(opts: EvaluateOptions) -> Report:
                 f"length {plan.length}; {plan.available / 2**30:.1f} GB free), measured {peak.bytes / 2**20:.0f} MB "
                 f"({peak.method})")
     result = evaluation_envelope(curves, paths, windows)
+    text += ["controls:", *(control_line(c) for c in result["controls"])]
     memory = {"planned_bytes": plan.bytes, "planned_batch": plan.batch, "planned_length": plan.length,
               "available_bytes": plan.available, "measured_bytes": peak.bytes, "measured_by": peak.method}
     return Report(result["checkpoints"], result["results"], result["controls"], "\n".join(text),

@@ -227,7 +227,7 @@ def test_attribution_controls_pass_on_every_cell(cell, tmp_path):
     path = save_checkpoint(tmp_path / "m.pt", checkpoint_from_model(cell_model(cell), TASK))
     report = attributions.analyze([path], lengths=[6], batch_size=4)
     assert report.controls and all(c["passed"] for c in report.controls)
-    assert set(report.components.component) == {"lstm", "attn"}
+    assert set(report.components.component) == {cell_model(cell).cfg.rnn, "attn"}  # the cell by its own name
 
 
 # --- presets: each new cell alone and in the hybrid, joint and DAT ---------------------------------------------

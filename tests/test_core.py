@@ -178,3 +178,15 @@ def test_every_progress_bar_and_markdown_table_comes_from_one_helper():
             tables.append(name)
     assert bars == [], "use probe.core.progress.progress_iter / progress_bar"
     assert tables == [], "use probe.core.tables.pipe_table"
+
+
+def test_a_control_line_carries_its_value_threshold_and_meaning():
+    from probe.core.rows import control_line
+
+    row = {"control": "permuted_target", "kind": "control", "passed": False, "hook": "rnn.layers.0.hook_h",
+           "train_positions": "in", "value": 0.012, "threshold": 0.05, "passes_if": ">=",
+           "what": "a fail means no s_t-specific decoding beyond L_train"}
+    line = control_line(row)
+    assert line.startswith("  FAIL control permuted_target hook=rnn.layers.0.hook_h train_positions=in")
+    assert "value 0.012 (passes if >= 0.05)" in line and line.endswith("no s_t-specific decoding beyond L_train")
+    assert "\n" not in line

@@ -88,6 +88,7 @@ def test_cli_json_is_one_tidy_object_and_writes_figure(two_seeds, tmp_path, caps
     assert all(c["kind"] == "control" and isinstance(c["passed"], bool) for c in obj["controls"])
     recall = next(c for c in obj["controls"] if c["subtask"] == "recall")
     assert recall["token_acc"] == 1 / make_task("interleaved").n_values
+    assert recall["threshold"] == recall["token_acc"] and recall["passes_if"] == ">" and "not learned" in recall["what"]
     assert (out / "accuracy_vs_length.png").stat().st_size > 10_000
     assert json.loads((out / "results.json").read_text())["results"] == obj["results"]
 
@@ -97,6 +98,7 @@ def test_cli_human_table(two_seeds, capsys):
     out = capsys.readouterr().out
     assert "hybrid-joint" in out and "1x" in out and "score" in out
     assert "±" not in out  # one seed has no spread to show
+    assert "control chance subtask=state: value" in out and "passes if >" in out  # the number and its bar
 
 
 def test_summary_spread_is_the_sample_sd_over_seeds():

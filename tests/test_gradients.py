@@ -466,7 +466,7 @@ class TwoPaths(torch.nn.Module):
 def test_the_lookahead_says_supports_where_attention_raises_the_beyond_range_loss():
     rows = TwoPaths().lookahead()
     v = BY.verdict_beyond(rows)
-    assert v["verdict"] == "supports" and v["baseline"] == "more harmful than random"
+    assert v["verdict"] == "supports" and v["baseline"] == "raises the state loss beyond L more than a random step"
     assert v["z_vs_random_beyond_L"] > 2 and v["z_beyond_2L_att"] > 2
     assert v["z_att_vs_rec_beyond_L"] > 2  # and more than the rest of the gradient, per unit of step
     assert BY.random_baseline_control("hand-built", v)["passed"]
@@ -488,7 +488,7 @@ def test_random_baseline_control_fails_when_every_direction_raises_the_loss():
     real step), but no more than a random step of the same length, and the control says so."""
     rows = TwoPaths(isotropic=True).lookahead()
     v = BY.verdict_beyond(rows)
-    assert v["verdict"] == "supports" and v["baseline"] == "no difference from random detected"
+    assert v["verdict"] == "supports" and v["baseline"] == "no difference from a random step detected beyond L"
     row = BY.random_baseline_control("hand-built", v)
     assert row["kind"] == "control" and not row["passed"]
     first = rows[(rows.part == "att") & (rows.positions == ">L") & (rows.step_scale == 0.0)].iloc[0]
@@ -538,3 +538,17 @@ def test_cli_lookahead_shows_its_progress_on_stderr_also_under_json(task, tmp_pa
     assert "lookahead directions" in captured.err
     assert G.main([*args, "--no-progress"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_an_arm_that_one_batch_carries_is_flagged_without_power():
+    """z near +-1 for every direction (the shipped joint checkpoint's training-loss arm): one batch carries the mean,
+    so even an effect of one sign in every batch could not be detected; the row says so instead of a bare z."""
+    import torch
+
+    one_batch = BY._power(torch.tensor([-0.17, 1e-6, -2e-6, 0.0, 1e-6, 0.0, -1e-6, 2e-6], dtype=torch.float64))
+    consistent = BY._power(torch.tensor([-0.9, -1.1, -1.0, -0.8, -1.2, -1.0, -0.95, -1.05], dtype=torch.float64))
+    assert not one_batch["powered"] and one_batch["z_if_consistent"] < 2
+    assert consistent["powered"]
+    rows = TwoPaths(isotropic=True).lookahead()
+    v = BY.verdict_beyond(rows)
+    assert "train_arm_powered" in v and "harmful" not in v["baseline"] + v["detail"]

@@ -230,8 +230,11 @@ def test_controls_and_interventions_of_a_state_tracker(state_tracker):
     assert res.window_targets.empty and set(res.controls.control) == {"permuted_target", "shuffled_labels",
                                                                        "identity_patch", "same_sum"}
     assert set(res.verdicts.verdict) == {"decodable, used"}
+    # every control carries the number, the bar and what a failure means, for the plain output's line
+    assert res.controls[["value", "threshold", "what"]].notna().all().all()
     head = headline(res, factors=(3,))
-    assert head["lstm_acc_in_3x"] > 0.95 and head["lstm_acc_beyond_3x"] > 0.95 and head["lstm_control_in_3x"] < 0.6
+    assert head["recurrent_acc_in_3x"] > 0.95 and head["recurrent_acc_beyond_3x"] > 0.95
+    assert head["recurrent_control_in_3x"] < 0.6 and head["cell"] == "lstm"
     assert head["full_iia_3x"] > 0.95 and head["subspace_iia_3x"] > 0.7 and head["same_sum_changed_frac_3x"] < 0.02
     pos = res.by_position[(res.by_position.hook == "blocks.0.lstm.hook_h") & (res.by_position.length == 24)]
     assert {"probe_acc", "control_acc", "selectivity", "random_init_acc", "majority_acc", "test_positions"} <= \

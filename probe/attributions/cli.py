@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from probe.cli import positive_int, resolve_device
+from probe.core.rows import control_line
 from probe.runner import (
     CheckpointOptions,
     Command,
@@ -42,8 +43,8 @@ JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "
     condition, follow, follow_ci_low/high, flip, clean_acc, n_answers, n_sequences.
   analysis "reads": block, distance (null for the prefix), in_prefix, mass (mean share of value-weighted attention
     of the state answers). "reads_far": block, k, prefix, near, far, n_answers (answers at t > k).
-  analysis "components": subtask, block, component (lstm | attn), hook, effect (correct logit minus the same with
-    the output zeroed), share, logit, acc, acc_ablated.
+  analysis "components": subtask, block, component (attn, or the recurrent cell: lstm | gru | ssm | the module's
+    class), hook, effect (correct logit minus the same with the output zeroed), share, logit, acc, acc_ablated.
   analysis "ig" (--ig; converged answers only): distance, ig, effect (exact occlusion effect of the token 0), n.
     "ig_far": k, far_share, n_answers.
 controls rows: checkpoint, control, kind (instrument: every row here checks the method), value, threshold, passed,
@@ -105,9 +106,7 @@ def format_report(report: AttributionReport) -> str:
         lines.append("\nintegrated gradients (converged answers only): share of |IG| from numbers > k back:")
         lines.append(report.ig_far.set_index(["checkpoint", "length"])[["k", "far_share", "n_answers"]].to_string())
     lines.append("\ncontrols (every row is in the JSON):")
-    for ctl in report.controls:
-        lines.append(f"  {'ok  ' if ctl['passed'] else 'FAIL'} {ctl['control']:<30} {ctl['value']:.3g} "
-                     f"(<= {ctl['threshold']:g})  {ctl['checkpoint']}")
+    lines += [f"{control_line(ctl)} [{ctl['checkpoint']}]" for ctl in report.controls]
     return "\n".join(lines)
 
 

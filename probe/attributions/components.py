@@ -8,6 +8,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from probe.core.cells import recurrent_modules
 from probe.core.inputs import check_inputs
 from probe.models import HookedSequenceModel
 from probe.tasks import SUBTASKS, Batch
@@ -22,15 +23,18 @@ def _correct_logit(logits: Tensor, batch: Batch, mask: Tensor) -> Tensor:
 
 def component_ablation(model: HookedSequenceModel | WrappedModel, batch: Batch, subtasks: Sequence[str] = SUBTASKS,
                        ) -> pd.DataFrame:
-    """Rows ``subtask, block, component (lstm | attn), hook, effect, share, logit, acc, acc_ablated``: ``effect`` =
+    """Rows ``subtask, block, component, hook, effect, share, logit, acc, acc_ablated``: ``effect`` =
     mean correct-answer logit minus the same with the component's output (``blocks.{i}.hook_{lstm,attn}_out``)
     replaced by 0, which is what a gate of 0 does to attention; ``share`` = |effect| / sum over components.
 
-    A wrapped model: one row per named module (``sublayer_outputs``), ``block`` its place in that order and
-    ``component`` ``lstm`` for every recurrent module, whatever its kind (the column probe's own models use)."""
+    ``component`` says what the sublayer is in the model's own terms: ``attn``, or the recurrent cell's kind
+    (``lstm``, ``gru``, ``ssm``, or the class of a module probe does not know). A wrapped model: one row per named
+    module (``sublayer_outputs``), ``block`` its place in that order."""
     check_inputs("probe.attributions.component_ablation", model=model, batch=batch, masks=subtasks)
     sublayers = model.sublayer_outputs()
     hooks = list(sublayers)
+    cells = iter([kind for _, kind in recurrent_modules(model)])  # in the order sublayer_outputs lists them
+    kinds = {name: next(cells, "recurrent") if s.kind == "recurrent" else "attn" for name, s in sublayers.items()}
     rows = []
     with torch.no_grad():
         clean = model(batch.tokens)
@@ -50,7 +54,7 @@ def component_ablation(model: HookedSequenceModel | WrappedModel, batch: Batch, 
         for place, name in enumerate(hooks):
             block = int(name.split(".")[1]) if name.startswith("blocks.") else place
             rows.append({"subtask": subtask, "block": block,
-                         "component": "lstm" if sublayers[name].kind == "recurrent" else "attn", "hook": name,
+                         "component": kinds[name], "hook": name,
                          "effect": effects[name], "share": abs(effects[name]) / total if total > 0 else float("nan"),
                          "logit": float(base.mean()), "acc": acc,
                          "acc_ablated": float(((ablated[name].argmax(-1) == batch.labels) & mask).sum()

@@ -44,3 +44,27 @@ def labelled(rows: Iterable[dict[str, Any]], kinds: dict[str, Kind], default: Ki
             row = {**row, "kind": kinds[match] if match is not None else default}
         out.append(row)
     return out
+
+
+PLACE = ("hook", "train_positions", "length", "block", "subtask", "positions", "range")
+"""Columns that say where a row was measured, shown in its line when present."""
+
+
+def _num(v: Any) -> str:
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def control_line(row: dict[str, Any]) -> str:
+    """The line a person reads for one control or instrument row, in every analysis's plain output: ok / FAIL, its
+    kind and name, where it was measured, its value against its threshold (``passes_if``: the comparison that
+    passes) and what a failure means (``what``), so that a failed control tells a broken tool from a model."""
+    where = " ".join(f"{k}={_num(row[k])}" for k in PLACE
+                     if k in row and row[k] is not None and row[k] == row[k])
+    value = row.get("value")
+    threshold, expected = row.get("threshold"), row.get("expected")
+    rule = (f"{row.get('passes_if', '<=')} {_num(threshold)}" if threshold is not None else
+            str(expected) if expected is not None else "no threshold recorded")
+    shown = f"value {_num(value)} (passes if {rule})" if value is not None else f"(passes if {rule})"
+    what = row.get("what") or "no meaning recorded"
+    head = f"{'ok  ' if row.get('passed') else 'FAIL'} {row.get('kind', 'control')} {row.get('control')}"
+    return f"  {head}{' ' + where if where else ''}: {shown}; {what}"

@@ -147,6 +147,15 @@ def _z(mean: float, se: float) -> float:
     return 0.0 if mean == 0 else math.copysign(math.inf, mean)
 
 
+def _power(e: Tensor) -> dict[str, Any]:
+    """Whether an arm could detect anything at this size: ``z_if_consistent`` is the z its batches would give if
+    every one moved the loss the same way by the amount it did (mean |e| / se of |e|). At or below Z_DETECT, not even
+    an effect of one sign in every batch would count: one batch carries the mean (a trained model's training loss
+    after a real-size step is such an arm: z near +-1 for every direction), so its z says nothing either way."""
+    z = _z(float(e.abs().mean()), _se(e.abs()))
+    return {"z_if_consistent": z, "powered": bool(z > Z_DETECT)}
+
+
 def _se(x: Tensor) -> float:
     return float(x.std()) / math.sqrt(len(x)) if len(x) > 1 else math.nan
 
@@ -219,7 +228,7 @@ def measure_steps(model: Any, model_step: Any, theta: list[torch.nn.Parameter],
                 for part in PARTS:
                     e = effects[(part, s)][gi][:, ti]
                     row = {"part": part, **common, "direction_norm": norms[part], "effect": float(e.mean()),
-                           "effect_se": _se(e)}
+                           "effect_se": _se(e), **_power(e)}
                     if rand_b is not None:
                         diff = e - rand_b
                         se = math.hypot(_se(diff), draw_sd / math.sqrt(n_rand))
@@ -233,7 +242,7 @@ def measure_steps(model: Any, model_step: Any, theta: list[torch.nn.Parameter],
                 if rand_b is not None:
                     se = math.hypot(_se(rand_b), draw_sd / math.sqrt(n_rand))
                     rows.append({"part": "random", **common, "direction_norm": norms["random0"],
-                                 "effect": float(rand_b.mean()), "effect_se": se})
+                                 "effect": float(rand_b.mean()), "effect_se": se, **_power(rand_b)})
     df = pd.DataFrame(rows)
     df["z"] = [_z(m, se) for m, se in zip(df.effect, df.effect_se, strict=True)]
     df["dL"] = df.effect * df.step_length
@@ -309,23 +318,35 @@ def verdict_beyond(rows: pd.DataFrame, scale: float | None = None) -> dict[str, 
         out["verdict"] = "no effect detected"
     out = {k: float(v) if isinstance(v, (int, float)) else v for k, v in out.items()}
     zr = out["z_vs_random_beyond_L"]
+    # the words say which loss moved which way, against a random step as long (not "harmful", which read oddly
+    # for a step that lowers the loss)
     out["baseline"] = ("no attention path" if out["verdict"] == "no attention path" else
                        "no random baseline" if math.isnan(zr) else
-                       "more harmful than random" if zr > Z_DETECT else
-                       "less harmful than random" if zr < -Z_DETECT else "no difference from random detected")
+                       "raises the state loss beyond L more than a random step" if zr > Z_DETECT else
+                       "lowers the state loss beyond L more than a random step" if zr < -Z_DETECT else
+                       "no difference from a random step detected beyond L")
     zt = out["z_vs_random_train"]
     out["baseline_train"] = ("no attention path" if out["verdict"] == "no attention path" else
                              "no random baseline" if math.isnan(zt) else
-                             "more useful than random" if zt < -Z_DETECT else
-                             "less useful than random" if zt > Z_DETECT else "no difference from random detected")
+                             "lowers the training loss more than a random step" if zt < -Z_DETECT else
+                             "lowers the training loss less than a random step" if zt > Z_DETECT else
+                             "no difference from a random step detected on the training loss")
+    out["train_arm_powered"] = bool(train.get("powered", True))
     out["detail"] = {
-        "supports": "a real-size step along -g_att raises the state loss beyond L and lowers the training loss",
+        "supports": "a real-size step along -g_att raises the state loss beyond L and lowers the training loss: "
+                    "attention's gradient trades the state beyond L for the training loss, the harm the README's "
+                    "findings name",
         "neither": "a real-size step along -g_att raises the state loss beyond L but does not lower the training "
                    "loss",
-        "lowers": "a real-size step along -g_att lowers the state loss beyond L",
+        "lowers": "a real-size step along -g_att lowers the state loss beyond L: one step of attention's gradient "
+                  "does not harm the state beyond L at this checkpoint (no effect of the kind the README's findings "
+                  "name is detected here; their evidence is the training-time cut)",
         "no effect detected": "a real-size step along -g_att changes the state loss beyond L by at most 2 "
-                              "standard errors",
+                              "standard errors: no effect detected",
         "no attention path": "attention is gated off: g_att is exactly 0"}[out["verdict"]]
+    if not out["train_arm_powered"] and out["verdict"] != "no attention path":
+        out["detail"] += ("; the training-loss arm has no power at this size (z would stay within 2 even if every "
+                          "batch moved the same way), so its z says nothing")
     return out
 
 

@@ -65,7 +65,9 @@ HELP_COLUMNS = """\
 JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "label" (the variant), "seed", "step",
 "family", "gate".
   analysis "interference" (per checkpoint, length and block; block "all" = every block together), on one batch at
-    "length": block, g_norm, g_rec_norm, g_att_norm, att_ratio (=|g_att|/|g|), cos_att_rec, cos_att_rec_state,
+    "length": block (counts the recurrent modules), module (its path as the model names it: blocks.i.lstm, or your
+    module's), cell (lstm | gru | ssm | the module's class), g_norm, g_rec_norm, g_att_norm, att_ratio
+    (=|g_att|/|g|), cos_att_rec, cos_att_rec_state,
     cos_att_state_rec_state, cos_att_recall_rec_state, g_att_state_norm, g_att_recall_norm, loss_split_residual,
     loss, loss_state, loss_recall, n_state, n_recall. Cosines are null where a vector is 0.
   analysis "lookahead" (per checkpoint, direction, target and step size): part (att | rec | full: the
@@ -81,12 +83,16 @@ JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "
     evaluation batches; random: with the spread over draws in quadrature), z, dL (= effect * step_length),
     vs_random, vs_random_se, vs_random_z (effect minus the random directions' on the same batches), vs_rec,
     vs_rec_se, vs_rec_z (att rows: attention's effect minus the rest's, same batches), direction_norm,
-    loss_before, min_position (the first stream position the target uses), moments, preconditioned, n_batches,
+    loss_before, min_position (the first stream position the target uses), z_if_consistent (the z if every
+    batch had moved the loss the same way by its amount), powered (z_if_consistent > 2: false = the arm has no
+    power at this size, its z says nothing), moments, preconditioned, n_batches,
     n_random, n_eval_sequences.
   analysis "lookahead_verdict" (per checkpoint, at step_scale verdict_scale = 1, a real update): verdict (supports
-    | lowers | no effect detected | neither | no attention path), detail, baseline (more harmful than random |
-    less harmful than random | no difference from random detected), baseline_train (more useful | less useful |
-    no difference ...), effect_beyond_L_att, z_beyond_L_att, z_beyond_2L_att, effect_train_att, z_train_att,
+    | lowers | no effect detected | neither | no attention path), detail, baseline (raises | lowers the state loss
+    beyond L more than a random step | no difference from a random step detected beyond L), baseline_train (lowers
+    the training loss more | less than a random step | no difference ...), train_arm_powered (false: the
+    training-loss arm has no power at this size), effect_beyond_L_att, z_beyond_L_att, z_beyond_2L_att,
+    effect_train_att, z_train_att,
     z_vs_random_beyond_L, z_vs_random_train, z_att_vs_rec_beyond_L. "supports": the attention-path step raises
     the state loss beyond L (z > 2) and lowers the training loss (z < -2); "lowers": z < -2 beyond L; "no effect
     detected": |z| <= 2 (absence of evidence, not a refutation).
@@ -192,7 +198,7 @@ def format_report(report: GradientReport) -> str:
     import pandas as pd
 
     t = report.interference
-    cols = ["step", "gate", "length", "block", "att_ratio", "cos_att_rec", "cos_att_rec_state", "g_norm"]
+    cols = ["step", "gate", "length", "module", "cell", "att_ratio", "cos_att_rec", "cos_att_rec_state", "g_norm"]
     lines = []
     for ckpt, df in t.groupby("checkpoint", sort=False):
         lines.append(f"\n{ckpt}  ({df.family.iloc[0]}, schedule {df.schedule.iloc[0]}, seed {df.seed.iloc[0]})")
@@ -212,10 +218,15 @@ def format_report(report: GradientReport) -> str:
             shown = df[df.step_scale.isin([0.0, df.step_scale.max()])]  # every step size is in the JSON
             for _, r in shown.iterrows():
                 vs = "" if r.part == "random" else f"  vs random z {r.vs_random_z:+.1f}"
+                weak = "  no power at this size" if r.get("powered", True) is False else ""
                 lines.append(f"  x{r.step_scale:<5g} {r.part:<6} {r['loss']:<5} t {r.positions:<4} "
-                             f"{r.effect:+.3e} +- {r.effect_se:.1e}  (z {r.z:+.1f}){vs}")
+                             f"{r.effect:+.3e} +- {r.effect_se:.1e}  (z {r.z:+.1f}){vs}{weak}")
+        if "powered" in la and not la.powered.astype(bool).all():
+            lines.append("  no power at this size: z would stay within 2 even if every batch moved the loss the same "
+                         "way (one batch carries the mean), so that row's z says nothing either way")
         for _, v in report.verdicts.iterrows():
-            lines.append(f"verdict {v.checkpoint}: {v.verdict}; {v.baseline} ({v.detail})")
+            lines.append(f"verdict {v.checkpoint} ({v.verdict}): {v.detail}; against a random step as long: "
+                         f"{v.baseline} (z {v.z_vs_random_beyond_L:+.1f})")
     if not report.real_step.empty:
         lines += format_real_step(report)
     lines.append("\ncontrols (worst value over checkpoints; every row is in the JSON):")

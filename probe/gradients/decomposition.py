@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from probe.core.cells import cell_label, recurrent_modules
 from probe.core.inputs import check_inputs
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
@@ -234,11 +235,17 @@ def decompose(model: HookedSequenceModel, batch: Batch, cut: Cut = attention_inp
     )
 
 
-def interference(model: HookedSequenceModel | WrappedModel, batch: Batch) -> pd.DataFrame:
-    """The interference table of one model on one batch (see ``Decomposition.table``); a wrapped model's rows also
-    name each recurrent module (``module``; ``block`` counts them in the order they were named)."""
-    check_inputs("probe.gradients.interference", model=model, batch=batch, masks=("state", "recall"))
-    table = decompose(model, batch).table()
-    if isinstance(model, WrappedModel):
-        table.insert(1, "module", [*model.recurrent_names, "all"])
+def interference(model: HookedSequenceModel | WrappedModel, batch: Batch,
+                 parts: Sequence[str] | Mapping[str, LossPart] | None = None) -> pd.DataFrame:
+    """The interference table of one model on one batch (see ``Decomposition.table``). Each row names its recurrent
+    module as the model does (``module``: the user's module path for a wrapped model, ``blocks.i.lstm`` for probe's
+    own; ``block`` counts them in order) and its cell kind (``cell``: ``lstm``, ``gru``, ``ssm``, or the module's
+    class); the ``all`` row sums them. ``batch`` and ``parts``: as ``decompose`` takes them (any task's batch, any
+    two named parts of its loss)."""
+    where = "probe.gradients.interference"
+    check_inputs(where, model=model)
+    table = decompose(model, as_batch(batch, where), parts=parts).table()
+    modules = recurrent_modules(model)
+    table.insert(1, "module", [n for n, _ in modules] + ["all"])
+    table.insert(2, "cell", [k for _, k in modules] + [cell_label(modules)])
     return table

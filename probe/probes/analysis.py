@@ -11,6 +11,7 @@ import pandas as pd
 import torch
 
 from probe.checkpoint import Checkpoint
+from probe.core.cells import cell_label, is_recurrent_hook, recurrent_modules
 from probe.core.inputs import check_inputs
 from probe.core.lengths import multiples
 from probe.core.meta import variant_name
@@ -92,10 +93,12 @@ class ProbeResult:
         df = self.by_length
         return df[(df.train_positions == train_positions) & (df.test_positions == "beyond")]
 
-    def best_hook(self, contains: str = "", train_positions: str = "in", test_positions: str = "beyond") -> str | None:
+    def best_hook(self, contains: str = "", train_positions: str = "in", test_positions: str = "beyond",
+                  among: Sequence[str] | None = None) -> str | None:
         """Highest accuracy at ``test_positions`` (pooled over the test lengths) of the probes trained on
-        ``train_positions``, among hooks whose name contains ``contains`` (first in hook order on ties)."""
-        hooks = [h for h in self.hooks if contains in h]
+        ``train_positions``, among hooks whose name contains ``contains`` (or the hooks ``among``; first in hook
+        order on ties)."""
+        hooks = [h for h in (self.hooks if among is None else among) if contains in h]
         df = self.by_length
         rows = df[(df.train_positions == train_positions) & (df.test_positions == test_positions) & df.hook.isin(hooks)]
         if rows.empty:
@@ -236,7 +239,9 @@ def probe_model(
     result_controls = pd.concat([pd.DataFrame(controls), ctrl_rows], ignore_index=True)
     meta = {"train_positions_n": int(len(train.labels)), "test_positions_n": int(len(test.labels)), "m": task.m,
             "position_bucket": width, "n_train": n_train, "n_train_beyond": n_train_beyond, "n_test": n_test,
-            "control_target": control, "subspace_rank": {k: int(v.shape[1]) for k, v in bases.items()}}
+            "control_target": control, "subspace_rank": {k: int(v.shape[1]) for k, v in bases.items()},
+            # the recurrent modules in the model's own names and cell kinds, for labels (headline)
+            "recurrent_modules": [list(m) for m in recurrent_modules(model)]}
     if window_names:
         meta["window_targets"] = window_names
     if patching and random_subspaces:
@@ -320,14 +325,19 @@ def run_probes(ckpt: Checkpoint, device: torch.device | str = "cpu", **kw: Any) 
 
 
 def headline(result: ProbeResult, factors: Sequence[int] = (2, 3)) -> dict[str, Any]:
-    """One flat row at beyond-range positions of each length f x L_train: the best hook and the best hook of a
-    recurrent sublayer (``lstm_*``, whatever the cell; by in-range-trained accuracy), each with its in-range-trained
-    and beyond-trained accuracy and the control target's; and the whole-state interventions (every recurrent block
-    at once) on the beyond-range answers."""
+    """One flat row at beyond-range positions of each length f x L_train: the best hook and the best hook inside a
+    recurrent module (``recurrent_*``; ``cell`` names its kind in the model's terms: ``lstm``, ``gru``, ...; by
+    in-range-trained accuracy), each with its in-range-trained and beyond-trained accuracy and the control target's;
+    and the whole-state interventions (every recurrent block at once) on the beyond-range answers."""
     out: dict[str, Any] = {"checkpoint": result.checkpoint}
     df = result.by_length
-    for label, contains in (("best", ""), ("lstm", ".lstm.hook_")):
-        hook = result.best_hook(contains)
+    modules = [tuple(m) for m in result.meta.get("recurrent_modules", [])]
+    if not modules:  # a result made before the modules were recorded: probe's own slot name
+        modules = [(h.split(".lstm.")[0] + ".lstm", "lstm") for h in result.hooks if ".lstm.hook_" in h]
+    recurrent = [h for h in result.hooks if is_recurrent_hook(h, modules)]
+    out["cell"] = cell_label(modules)
+    for label, among in (("best", result.hooks), ("recurrent", recurrent)):
+        hook = result.best_hook(among=among)
         out[f"{label}_hook"] = hook
         if hook is None:
             continue

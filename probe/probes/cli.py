@@ -169,6 +169,7 @@ def run(opts: ProbeOptions) -> Report:
 
 def _text(path: Path, res: ProbeResult) -> str:
     """One checkpoint's tables: probes, windowed-sum targets, interventions and verdicts, headline, failed controls."""
+    from probe.core.rows import control_line
     from probe.probes.analysis import headline, summary_table
 
     if (res.by_length.test_positions == "beyond").any():
@@ -193,12 +194,14 @@ def _text(path: Path, res: ProbeResult) -> str:
                                    "same_sum_changed", "iia_subspace", "verdict"]]
                      .to_string(index=False, float_format="{:.2f}".format))
     lines.append("headline: " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
-                                          for k, v in headline(res).items() if k != "checkpoint"))
+                                          for k, v in headline(res).items()
+                                          if k != "checkpoint" and v is not None))  # no recurrent module: no hook
     failed = res.controls[~res.controls.passed.astype(bool)] if "passed" in res.controls else res.controls[:0]
-    for _, c in failed.iterrows():
-        lines.append(f"control FAILED: {c.control}" + "".join(f" {k}={c[k]}" for k in ("hook", "train_positions",
-                                                                                    "length", "block")
-                                                                 if k in c and c[k] == c[k]))
+    if len(failed):
+        lines.append(f"controls: {len(res.controls) - len(failed)}/{len(res.controls)} passed; failed (every row is "
+                     "in the JSON):")
+    lines += [control_line({k: v for k, v in c.items() if not (isinstance(v, float) and v != v)})
+              for c in failed.to_dict("records")]
     return "\n".join(lines)
 
 

@@ -43,7 +43,11 @@ def control_target_rows(by_length: pd.DataFrame, control: str) -> list[dict[str,
                     "test_positions": "beyond", "n": int(s.n), "probe_acc": float(s.probe_acc),
                     "control_acc": float(s.control_acc), "majority_acc": float(s.majority_acc),
                     "selectivity": float(s.probe_acc - s.control_acc),
-                    "passed": bool(s.probe_acc - s.control_acc >= MARGIN)})
+                    "passed": bool(s.probe_acc - s.control_acc >= MARGIN),
+                    "value": float(s.probe_acc - s.control_acc), "threshold": MARGIN, "passes_if": ">=",
+                    "what": "selectivity (s_t probe minus control-target probe) beyond L_train; a fail means no "
+                            "s_t-specific decoding there: the model's state does not hold s_t beyond L_train (or the "
+                            "probe reads anything), not a broken tool"})
     return out
 
 
@@ -66,4 +70,7 @@ def shuffled_labels_row(train: Activations, test: Activations, hook: str, train_
     majority_acc = float((te.labels == majority).mean())
     return {"control": "shuffled_labels", "hook": hook, "train_positions": "in", "test_positions": "in",
             "n": len(te.labels), "acc": float(np.mean(accs)), "acc_max": max(accs), "majority_acc": majority_acc,
-            "passed": float(np.mean(accs)) < majority_acc + MARGIN}
+            "passed": float(np.mean(accs)) < majority_acc + MARGIN, "value": float(np.mean(accs)),
+            "threshold": majority_acc + MARGIN, "passes_if": "<",
+            "what": "accuracy of a probe trained on shuffled labels; a fail means labels leak into the test or the "
+                    "probe memorises: a broken pipeline"}

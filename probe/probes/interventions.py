@@ -257,7 +257,11 @@ def same_sum_controls(tally: Tally, kind: str, block: int) -> list[dict[str, Any
         if k == kind and b == block and band == "all" and r["n"]:
             frac = r["changed"] / r["n"]
             rows.append({"control": kind, "length": length, "block": block, "n": int(r["n"]),
-                         "changed_frac": frac, "passed": frac <= SAME_SUM_MAX})
+                         "changed_frac": frac, "passed": frac <= SAME_SUM_MAX, "value": frac,
+                         "threshold": SAME_SUM_MAX, "passes_if": "<=",
+                         "what": "share of later answers changed by a source with the same s_t; a fail means the "
+                                 "state carries more than s_t (the model keeps more than the running sum), not a "
+                                 "broken tool"})
     return rows
 
 
@@ -337,7 +341,10 @@ def interchange_intervention(
     controls: list[dict[str, Any]] = [
         {"control": "identity_patch", "length": length, "block": block, "n": int(r["n"]),
          "changed_frac": r["changed"] / max(r["n"], 1.0), "max_abs_logit_diff": r["max_diff"],
-         "passed": r["changed"] == 0 and r["max_diff"] < IDENTITY_TOL}
+         "passed": r["changed"] == 0 and r["max_diff"] < IDENTITY_TOL, "value": r["max_diff"],
+         "threshold": IDENTITY_TOL, "passes_if": "<",
+         "what": "largest logit change when a run is patched with its own state; a fail means the intervention "
+                 "itself changes the model: a broken tool"}
         for (length, block), r in identity.items()]
     whole = -1 if len(blocks) > 1 else blocks[0]
     controls += same_sum_controls(tally, "same_sum", whole)
@@ -349,5 +356,9 @@ def interchange_intervention(
                              "n": int(probe_run["n"]), "draws": len(random_t), "iia_subspace": iia,
                              "iia_random": iia_random, "changed_subspace": probe_run["changed"] / probe_run["n"],
                              "changed_random": r["changed"] / r["n"],
-                             "passed": iia - iia_random >= RANDOM_SUBSPACE_MARGIN})
+                             "passed": iia - iia_random >= RANDOM_SUBSPACE_MARGIN, "value": iia - iia_random,
+                             "threshold": RANDOM_SUBSPACE_MARGIN, "passes_if": ">=",
+                             "what": "interchange accuracy of the probe's subspace minus a random one of its rank; a "
+                                     "fail means the probe's subspace carries s_t no better than a random one: s_t is "
+                                     "not isolated there (a model property), or the probe found nothing"})
     return pd.DataFrame(results), pd.DataFrame(controls)

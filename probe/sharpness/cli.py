@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from probe.cli import resolve_device
+from probe.core.rows import control_line
 from probe.errors import ProbeError
 from probe.runner import CheckpointOptions, Command, Report, lengths_option, option, samples_option, threads_option
 
@@ -78,8 +79,7 @@ def run(opts: SharpnessOptions) -> Report:
         with pd.option_context("display.width", 200, "display.max_columns", 20, "display.max_rows", 200):
             text.append(summary_table(mass, acc).to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     controls = [c for r in results for c in r.controls]
-    text += [f"{c['checkpoint']}: {c['control']} ({c['kind']}): {'passed' if c['passed'] else 'FAILED'}"
-             for c in controls]
+    text += ["controls (every row is in the JSON):"] + [f"{control_line(c)} [{c['checkpoint']}]" for c in controls]
     rows = ([{**r, "metric": "attention_mass"} for r in mass.to_dict("records")]
             + [{**r, "metric": "accuracy"} for r in acc.to_dict("records")])
     return Report([str(p) for p in paths], rows, controls, "\n".join(text),

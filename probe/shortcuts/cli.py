@@ -80,7 +80,7 @@ def run(opts: ShortcutOptions) -> Report:
     from probe.attention import attention_controls
     from probe.checkpoint import load_checkpoint, resolve_checkpoints
     from probe.core.progress import note
-    from probe.core.rows import labelled
+    from probe.core.rows import control_line, labelled
     from probe.memory import check_lengths
     from probe.shortcuts.plots import report_figures
     from probe.shortcuts.report import analyze, drops_table, effects_table, pooled_rows, report_rows, summary_table
@@ -109,6 +109,9 @@ def run(opts: ShortcutOptions) -> Report:
     # every shortcut row checks the instrument: an oracle built to take (or not take) the shortcut, an identity
     # perturbation, the gates left as found; the tests themselves are the experiments on the checkpoint
     controls = labelled(controls, {})
+    for c in controls:  # what a failure of any of them means, said once here (each is an instrument check)
+        c.setdefault("what", "an instrument check on an oracle, an identity or the gates: a fail means the test "
+                             "itself is broken, not that the model takes or avoids a shortcut")
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_rows", 500):
         win = pd.DataFrame({r.label or r.checkpoint: {int(w.k): f"{w.acc_new:.2f} / {w.agree_old:.2f}"
                                                       for w in r.window.table.itertuples()}
@@ -122,8 +125,7 @@ def run(opts: ShortcutOptions) -> Report:
                 "\nwindow test, accuracy on new labels / agreement with old predictions, by k:", win.to_string()]
     failed = [c for c in controls if not c["passed"]]
     text.append(f"\ncontrols: {len(controls) - len(failed)}/{len(controls)} passed"
-                + "".join(f"\n  FAILED {c['checkpoint']}: {c['control']} = {c['value']} (expected {c['expected']})"
-                          for c in failed))
+                + "".join(f"\n{control_line(c)} [{c['checkpoint']}]" for c in failed))
     return Report([str(p) for p in paths], rows, controls, "\n".join(text), dpi=150, save=_save,
                   figures=lambda: {f"{name}.png": fig for name, fig in report_figures(reports).items()})
 
