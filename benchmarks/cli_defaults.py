@@ -70,8 +70,6 @@ CASES = [
                           ("gradients --real-step", ["--real-step"]),
                           ("gradients --real-step --rollout 50", ["--real-step", "--rollout", "50"]))),
     _analysis("probes --full", "probes", "hybrid-dat", "--full", group="options"),
-    Case("figures --small", "options", ["probe.figures", "--small", "--out", "{tmp}/figures", "--threads", "1",
-                                        "--no-progress"], "hybrid-joint"),
     Case("sweep smoke test (lstm, 12 steps, --quick)", "options",
          ["probe.sweep", "--preset", "lstm", "--seeds", "0", "--steps", "12", "--quick", "--out", "{tmp}/smoke",
           "--no-progress"], "hybrid-joint", log="smoke/*/seed0/train.log"),

@@ -1,220 +1,160 @@
-"""`python -m probe.figures` makes every listed figure and its captioned index from a set of shipped checkpoints."""
+"""probe.figures: the paper-ready plots draw every seed, the chance line and a reader's names, keep curves on top of
+each other apart, and ``draw`` / ``write_index`` save a set of figures with its captioned index."""
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+import matplotlib
 
-import pytest
+matplotlib.use("Agg")
 
-from probe.figures import FIGURES, main
-from probe.models import ModelConfig
-from probe.tasks import make_task
-from probe.training.config import TrainConfig
-from probe.training.points import At
-from probe.training.settings import ScheduleConfig
-from probe.training.trainer import train
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+
+from probe import figures as F  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def shipped(tmp_path_factory):
-    """A miniature of checkpoints/: the four presets (tiny, a few steps) and two hybrid trajectories."""
-    root = tmp_path_factory.mktemp("shipped")
-    task = make_task("interleaved", train_length=4)
-    runs = {"lstm": ("lstm", "joint"), "transformer": ("transformer", "joint"),
-            "hybrid-joint": ("hybrid", "joint"), "hybrid-dat": ("hybrid", "delayed")}
-    for preset, (family, kind) in runs.items():
-        cfg = ModelConfig(family=family, vocab_size=task.vocab_size, d_model=16, n_layers=2, n_heads=2,
-                          pos_encoding="sinusoidal" if family == "transformer" else "none")
-        sched = ScheduleConfig(variant="dat", switch=At(step=10)) if kind == "delayed" else ScheduleConfig()
-        tcfg = TrainConfig(steps=20, batch_size=8, eval_every=20, eval_samples=8, ckpt_every=20, traj_every=10,
-                           schedule=sched)
-        train(cfg, task, tcfg, root / "runs" / preset, progress=False)
-        shutil.copy(root / "runs" / preset / "final.pt", root / f"{preset}.pt")
-        if family == "hybrid":
-            shutil.copytree(root / "runs" / preset / "trajectory", root / "trajectories" / preset)
-    return root
+def _curves() -> pd.DataFrame:
+    """Two models x three seeds x lengths 1..12, L_train 4; 'b' sits exactly on 'a' (both at 1.0)."""
+    rows = []
+    for variant in ("a", "b"):
+        for seed in (0, 1, 2):
+            for length in range(1, 13):
+                for subtask in ("state", "recall"):
+                    rows.append({"variant": variant, "seed": seed, "length": length, "subtask": subtask,
+                                 "token_acc": 1.0, "train_length": 4})
+    return pd.DataFrame(rows)
 
 
-@pytest.mark.slow  # about a minute: every analysis behind every figure
-def test_every_figure_and_the_index(shipped, tmp_path, monkeypatch):
-    from matplotlib.figure import Figure
-    from matplotlib.text import Text
-
-    texts: list[str] = []
-    save = Figure.savefig
-
-    def recording_save(fig, *args, **kwargs):
-        texts.extend(t.get_text() for t in fig.findobj(Text))
-        return save(fig, *args, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", recording_save)
-    out = tmp_path / "figs"
-    nothing = tmp_path / "none"
-    nothing.mkdir()  # no shipped results: every figure is recomputed
-    assert main(["--checkpoints", str(shipped), "--results", str(nothing), "--out", str(out),
-                 "--format", "png,pdf", "--device", "cpu", "--small"]) == 0
-    made = [s for s in FIGURES if not s.needs]  # a figure of a committed grid cannot be recomputed: skipped
-    assert len(made) < len(FIGURES)
-    for spec in FIGURES:
-        for fmt in ("png", "pdf"):
-            assert (out / f"{spec.name}.{fmt}").exists() == (spec in made), spec.name
-            if spec in made:
-                assert (out / f"{spec.name}.{fmt}").stat().st_size > 1000, spec.name
-    index = (out / "README.md").read_text()
-    for spec in made:
-        # a caption's pipes are escaped so that they do not split the markdown table
-        assert f"[{spec.name}.png]({spec.name}.png)" in index and spec.caption.replace("|", "\\|") in index
-    assert texts and not [t for t in texts if str(shipped) in t], "figure text names checkpoints by absolute path"
+def _lines_at(ax, y: float) -> list:
+    return [ln for ln in ax.get_lines() if len(ln.get_ydata()) == 2 and np.allclose(ln.get_ydata(), y)]
 
 
-def test_only_leaves_an_existing_index_as_it_is(shipped, tmp_path, capsys):
-    out = tmp_path / "one"
-    out.mkdir()
-    # an earlier full run left another figure and the index row that describes it
-    (out / "probe_heatmap.png").write_bytes(b"earlier")
-    header = "# Figures\n\n| file | caption | same numbers from | inputs | seconds |\n|---|---|---|---|---|\n"
-    row = "| [probe_heatmap.png](probe_heatmap.png) | old caption | `x` | `y` | 55 |"
-    (out / "README.md").write_text(header + row + "\n")
-    assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
-                 "--only", "accuracy_vs_length", "--small"]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["README.md", "accuracy_vs_length.png", "probe_heatmap.png"]
-    # the new figure gets a row; every line that was there stays byte for byte
-    index = (out / "README.md").read_text()
-    rows = [line for line in index.splitlines() if line.startswith("| [")]
-    assert [r.split("]")[0] for r in rows] == ["| [accuracy_vs_length.png", "| [probe_heatmap.png"]
-    assert rows[1] == row
-    assert index.startswith(header)
-    assert "accuracy_vs_length" in capsys.readouterr().err  # the progress bar names the figure being made
-    # remaking a figure the index already lists changes nothing in it (a committed index stays clean)
-    assert main(["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out),
-                 "--only", "accuracy_vs_length", "--small", "--quiet"]) == 0
-    assert capsys.readouterr().err == ""
-    assert (out / "README.md").read_text() == index
+def test_accuracy_vs_length_draws_every_seed_chance_and_reader_names():
+    fig = F.plot_accuracy_vs_length(_curves(), hue="variant", order=["a", "b"], chance={"state": 0.1, "recall": 0.25},
+                                    labels={"a": "model A", "b": "hybrid, DAT"})
+    state, recall = fig.axes[:2]
+    assert _lines_at(state, 0.1) and _lines_at(recall, 0.25), "a chance line per subtask at its floor"
+    seed_lines = [ln for ln in state.get_lines() if ln.get_linewidth() == 0.5]
+    assert len(seed_lines) == 2 * 3, "every seed of every model drawn"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "model A (3 seeds)" in legend and "hybrid, DAT (3 seeds)" in legend
+    assert not state.get_legend(), "the legend sits below the panels, not on the data"
+    means = {ln.get_label(): ln for ln in state.get_lines() if ln.get_label().endswith("seeds)")}
+    a, b = means["model A (3 seeds)"], means["hybrid, DAT (3 seeds)"]
+    # on top of each other at 1.0, the two stay apart: another marker, line style and marker positions, b above a
+    assert a.get_marker() != b.get_marker() and a.get_linestyle() != b.get_linestyle()
+    assert a.get_markevery() != b.get_markevery() and b.get_zorder() > a.get_zorder()
+    plt.close(fig)
 
 
-@pytest.mark.parametrize("case", ["unknown", "format", "no_checkpoints", "no_results", "out_is_a_file", "truncated",
-                                  "retrain"])
-def test_bad_input_is_one_line_exit_2_and_nothing_written(shipped, tmp_path, capsys, case):
-    out = tmp_path / "out"
-    # --quick, the old spelling of --small, still parses
-    args = ["--checkpoints", str(shipped), "--results", str(tmp_path), "--out", str(out), "--quick"]
-    if case == "unknown":
-        args += ["--only", "nope"]
-    elif case == "format":
-        args += ["--format", "gif"]
-    elif case == "no_checkpoints":
-        empty = tmp_path / "empty"
-        empty.mkdir()
-        args[1] = str(empty)
-    elif case == "no_results":
-        args[3] = str(tmp_path / "nonexistent")
-    elif case == "out_is_a_file":
-        out.write_text("a file")
-    elif case == "retrain":  # removed: the figures never train; they say how to get the runs instead
-        args += ["--retrain"]
-    else:  # a damaged checkpoint fails before any figure is drawn, not after minutes of analyses
-        damaged = tmp_path / "damaged"
-        shutil.copytree(shipped, damaged)
-        data = (damaged / "hybrid-dat.pt").read_bytes()
-        (damaged / "hybrid-dat.pt").write_bytes(data[: len(data) // 2])
-        args[1] = str(damaged)
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error:") and err.count("\n") == 1, err
-    words = {"unknown": "unknown figure", "format": "bad --format", "no_checkpoints": "missing shipped checkpoint",
-             "no_results": "--results", "out_is_a_file": "--out", "truncated": "hybrid-dat.pt",
-             "retrain": "--retrain is gone"}[case]
-    assert words in err
-    if case == "out_is_a_file":
-        assert out.read_text() == "a file"
-    else:
-        assert not out.exists() or not list(out.iterdir())
+def test_accuracy_vs_length_takes_the_chance_floor_from_a_column():
+    curves = _curves().assign(chance=lambda d: np.where(d.subtask == "state", 0.1, 0.5))
+    fig = F.plot_accuracy_vs_length(curves)
+    assert _lines_at(fig.axes[0], 0.1) and _lines_at(fig.axes[1], 0.5)
+    plt.close(fig)
 
 
-def test_figure_text_names_checkpoints_without_the_folder_they_sit_in(tmp_path):
-    import matplotlib.pyplot as plt
+def _windows() -> pd.DataFrame:
+    """One condition in two precisions, 6 seeds split 3 at 1.0 / 3 at 0.2 in the far window: a bimodal split."""
+    rows = []
+    for precision in ("bf16", "fp32"):
+        for seed in range(6):
+            for j, (window, lo, hi) in enumerate((("in range", 0, 4), ("(1x, 2x]", 4, 8))):
+                acc = 1.0 if j == 0 or seed < 3 else 0.2
+                rows.append({"condition": "joint4", "precision": precision, "seed": seed, "window": window,
+                             "lo": lo, "hi": hi, "subtask": "state", "token_acc": acc, "chance": 0.1})
+    return pd.DataFrame(rows)
 
-    from probe.figures import _without_local_paths
 
+def test_window_seeds_shows_every_seed_apart_and_the_mean_with_its_interval():
+    fig = F.plot_window_seeds(_windows(), hue="condition", column="precision",
+                              labels={"joint4": "4-block hybrid, joint", "bf16": "trained in bfloat16"})
+    ax = fig.axes[0]
+    assert ax.get_title() == "trained in bfloat16" and fig.axes[1].get_title() == "float32 training"
+    dots = np.vstack([c.get_offsets() for c in ax.collections if len(c.get_offsets()) == 6])
+    assert len(dots) == 2 * 6, "every seed in every window"
+    far = dots[dots[:, 0] > 0.5]
+    assert sorted(far[:, 1]) == [0.2] * 3 + [1.0] * 3
+    assert len(np.unique(far[far[:, 1] == 1.0][:, 0])) == 3, "coinciding seeds are set side by side, not stacked"
+    # the mean (0.6) with its t-interval, drawn beside the seeds, not on them
+    bars = [c for c in ax.containers if hasattr(c, "lines")]
+    means = [b.lines[0].get_ydata()[0] for b in bars]
+    assert pytest.approx(0.6) in means
+    x_mean = next(b.lines[0].get_xdata()[0] for b in bars if b.lines[0].get_ydata()[0] == pytest.approx(0.6))
+    assert x_mean > far[:, 0].max()
+    assert ax.collections, "chance drawn"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "4-block hybrid, joint (6 seeds)" in legend and "chance (a uniform guess)" in legend
+    plt.close(fig)
+
+
+def _training() -> pd.DataFrame:
+    """Joint: 3 seeds at steps 0, 10, 20; DAT: 1 seed whose gate turns on at step 10; lengths 4.0 and 12.0."""
+    rows = []
+    for schedule, seeds in (("joint", (0, 1, 2)), ("delayed", (0,))):
+        for seed in seeds:
+            for step in (0, 10, 20):
+                for length in (4.0, 12.0):
+                    gate = 0.0 if schedule == "delayed" and step < 10 else 1.0
+                    rows.append({"schedule": schedule, "seed": seed, "step": step, "length": length, "gate": gate,
+                                 "att_ratio": 0.1 * seed + step / 100})
+    return pd.DataFrame(rows)
+
+
+def test_over_training_names_dat_titles_without_float_artefacts_and_bands_only_over_enough_runs():
+    fig = F.plot_over_training(_training(), [("att_ratio", "|g_att| / |g|")], train_length=4)
+    left, right = fig.axes
+    assert left.get_title() == "length 4 (1x L_train)" and right.get_title() == "length 12 (3x L_train)"
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert "DAT (1 seed)" in legend and "joint (3 seeds)" in legend and not any("delayed" in t for t in legend)
+    assert "DAT: attention switched on" in legend
+    assert len(left.collections) == 1, "one band: joint's 3 runs; DAT's single run has none"
+    thin = [ln for ln in left.get_lines() if ln.get_linewidth() == 0.7]
+    assert len(thin) == 3 + 1, "every run drawn"
+    plt.close(fig)
+
+
+def test_over_training_draws_an_interval_over_batches_of_one_run():
+    table = pd.concat([_training().assign(batch=k, att_ratio=lambda d, k=k: d.att_ratio + 0.01 * k)
+                       for k in range(3)])
+    fig = F.plot_over_training(table[table.schedule == "delayed"], [("att_ratio", "r")])
+    assert any(c for c in fig.axes[0].containers), "error bars over the batches of one run"
+    plt.close(fig)
+
+
+def test_reader_names_and_numbers():
+    assert F.reader_name("delayed") == "DAT" and F.reader_name("state_mod5") == "state mod 5"
+    assert F.reader_name("x", {"x": "y"}) == "y" and F.reader_name("unknown") == "unknown"
+    assert F.number(25.0) == "25" and F.number(2.5) == "2.5"
+
+
+def test_draw_and_index_save_the_set_and_rewrite_nothing_unchanged(tmp_path):
+    def make(_):
+        fig, ax = plt.subplots()
+        ax.set_title(f"{tmp_path}/inside/file.pt")
+        return fig
+
+    specs = [F.FigureSpec("one", "a |g| caption", "python -m x", "in/", make),
+             F.FigureSpec("two", "never drawn", "c", "i", make)]
+    rows = F.draw(specs[:1], None, tmp_path, ("png", "pdf"), progress=False, roots=[tmp_path])
+    first = (tmp_path / "one.png").read_bytes()
+    F.draw(specs[:1], None, tmp_path, ("png",), progress=False, roots=[tmp_path])
+    assert (tmp_path / "one.png").read_bytes() == first, "the same figure is the same bytes"
+    assert F.write_index(tmp_path, specs, {r["figure"]: r["seconds"] for r in rows}, "Made by x in {seconds} s.")
+    text = (tmp_path / "README.md").read_text()
+    assert "[one.png](one.png), [one.pdf](one.pdf)" in text and "a \\|g\\| caption" in text and "two" not in text
+    assert not F.write_index(tmp_path, specs, {}, "Made by x in {seconds} s."), "an unchanged index is not rewritten"
+
+
+def test_figure_text_names_files_without_the_folder_they_sit_in(tmp_path):
     root = tmp_path / "checkpoints"
     fig, ax = plt.subplots()
     ax.set_title(f"{root}/hybrid-dat.pt")
     ax.plot([0, 1], label=f"hybrid-joint ({root}/trajectories/hybrid-joint/step_000010.pt)")
     ax.legend()
-    _without_local_paths(fig, [root])
+    F.without_local_paths(fig, [root])
     assert ax.get_title() == "hybrid-dat.pt"
     assert ax.get_legend().get_texts()[0].get_text() == "hybrid-joint (trajectories/hybrid-joint/step_000010.pt)"
-    plt.close(fig)
-
-
-def _tiny_recurrent_grid(root):
-    """results/recurrent in compact form: two cells, alone / joint / dat, two seeds, lengths to 16x of L_train 4,
-    with the parity rows; accuracies made up (the figure's drawing is under test, not a model)."""
-    import pandas as pd
-
-    from probe.results import Grid, run_summary, write_grid
-
-    rows, runs = [], []
-    for variant in ("gru", "hybrid-gru-joint", "hybrid-gru-dat", "ssm-complex", "hybrid-ssm-complex-joint"):
-        for seed in (0, 1):
-            part = []
-            for length in [*range(1, 17), 24, 32, 64]:
-                acc = 1.0 if length <= 4 or "dat" in variant else 0.5 + 0.1 * seed
-                for subtask, value in (("state", acc), ("recall", 1.0), ("state_mod2", 1.0)):
-                    part.append({"variant": variant, "seed": seed, "run": f"{variant}/seed{seed}",
-                                 "label": variant, "train_length": 4, "length": length, "subtask": subtask,
-                                 "token_acc": value, "seq_acc": value, "n_tokens": 100, "checkpoint": None})
-            curve = pd.DataFrame(part)
-            rows.append(curve)
-            runs.append(run_summary(variant, seed, curve, {}, {"train_length": 4, "label": variant}))
-    grid = Grid("recurrent", pd.DataFrame(runs), pd.concat(rows, ignore_index=True))
-    write_grid(grid, root / "recurrent")
-    return root
-
-
-@pytest.mark.parametrize("figure, grid", [("which_recurrence", "recurrent"), ("fresh_by_window", "fresh")])
-def test_a_grid_figure_is_drawn_from_its_grid_and_refused_without_it(figure, grid, shipped, tmp_path, capsys):
-    out = tmp_path / "figs"
-    base = ["--checkpoints", str(shipped), "--out", str(out), "--only", figure, "--small"]
-    assert main([*base, "--results", str(tmp_path)]) == 2  # a results folder without the grid
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{tmp_path / grid}/" in err and not out.exists()
-    # without --results (the default) nothing is read from a results folder: the grid figure says what it needs
-    assert main(base) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"--results {grid}/" in err and not out.exists()
-    if grid == "recurrent":
-        results = _tiny_recurrent_grid(tmp_path / "results")
-    else:
-        results = tmp_path / "results"
-        shutil.copytree(Path(__file__).resolve().parents[1] / "study" / "results" / grid, results / grid)
-    assert main([*base, "--results", str(results), "--quiet"]) == 0
-    assert (out / f"{figure}.png").stat().st_size > 10_000
-
-
-def test_cell_and_schedule_parse_the_recurrent_grid_s_variant_names():
-    from probe.sweep.plots import cell_and_schedule
-
-    assert cell_and_schedule("hybrid-ssm-complex-dat") == ("ssm-complex", "dat")
-    assert cell_and_schedule("hybrid-gru-stopgrad-rnn") == ("gru", "stopgrad-rnn")
-    assert cell_and_schedule("ssm-negative") == ("ssm-negative", "alone")
-    assert cell_and_schedule("hybrid-gru-weird") == ("gru-weird", "other")
-
-
-def test_recurrence_figure_has_a_column_per_cell_and_a_row_per_subtask(tmp_path):
-    import matplotlib.pyplot as plt
-
-    from probe.sweep.aggregate import aggregate
-    from probe.sweep.plots import plot_by_cell
-
-    report = aggregate(_tiny_recurrent_grid(tmp_path) / "recurrent")
-    fig = plot_by_cell(report.curves, report.bands)
-    assert len(fig.axes) == 2 * 2 and [ax.get_title() for ax in fig.axes[:2]] == ["gru", "ssm-complex"]
-    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
-    assert labels == ["alone (2)", "joint (2)", "dat (2)"]
-    plt.close(fig)
-    no_parity = report.curves[report.curves.subtask != "state_mod2"]
-    fig = plot_by_cell(no_parity, report.bands)
-    assert len(fig.axes) == 2  # the parity row needs --factors curves
     plt.close(fig)

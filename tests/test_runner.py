@@ -15,7 +15,7 @@ from probe.runner import CheckpointOptions, Command, Options, Report, lengths_op
 
 COMMANDS = {"evaluate": "probe.evaluate", "gradients": "probe.gradients.cli", "attributions": "probe.attributions.cli",
             "probes": "probe.probes.cli", "shortcuts": "probe.shortcuts.cli", "sharpness": "probe.sharpness.cli",
-            "transitions": "probe.transitions", "figures": "probe.figures"}
+            "transitions": "probe.transitions"}
 
 
 @dataclass

@@ -40,7 +40,7 @@ for step in "${steps[@]}"; do
     shortcuts)
       $PY -m probe.shortcuts checkpoints/*.pt --json --out study/results/shortcuts > /dev/null ;;
     figures)
-      $PY -m probe.figures --results study/results --out figures ;;
+      $PY study/scripts/figures.py --analyses ;;
     notebooks)
       (cd notebooks && for nb in *.ipynb; do
         echo "  $nb" >&2

@@ -4,7 +4,7 @@
 #   1. the runs in compact form (python -m probe.results collect runs/NAME study/results/NAME), windows included;
 #   2. the grid's own tables (python -m probe.sweep study/results/NAME --report --no-figure --in-place);
 #   3. for the fresh grid, the pre-registered claims judged on it (probe.sweep --confirm study/claims.toml) and its
-#      figure (probe.figures --only fresh_by_window); for an ssm_ grid, each new run's SSM transitions and channel
+#      figure (study/scripts/figures.py --only fresh_by_window); for an ssm_ grid, each new run's SSM transitions and channel
 #      fades (study/scripts/recurrent_transitions.py into study/results/NAME/transitions.csv; runs read are skipped);
 #      for coadaptation2, the placebo's per-step cap log summarised per run (study/scripts/placebo_cap.py into
 #      study/results/NAME/placebo_cap.csv; collect keeps those lines out of training.csv);
@@ -26,7 +26,7 @@ $PY -m probe.sweep "$out" --report --no-figure --in-place >/dev/null
 if [ "$name" = fresh ]; then
   # relative paths: claims.md names the grid as the docs link it
   $PY -m probe.sweep --confirm study/claims.toml --out "$out" --no-train >/dev/null
-  $PY -m probe.figures --results study/results --out figures --only fresh_by_window --quiet
+  $PY study/scripts/figures.py --only fresh_by_window --quiet
 fi
 if [ "$name" = coadaptation2 ]; then
   $PY study/scripts/placebo_cap.py "$runs" "$out"

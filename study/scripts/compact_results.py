@@ -48,7 +48,7 @@ RESULTS = Path(__file__).resolve().parents[1] / "results"
 # MB) was added later and fits in what the SSM grids left (7.41 MB committed when it started).
 BUDGET, FILE_BUDGET = 7 * 1024 * 1024 + 512 * 1024, 1024 * 1024
 DIGITS = 6
-READ_BY_THE_PACKAGE = {"gradients/trajectories_shipped.json"}  # probe.figures and notebook 03 read it as written
+READ_BY_THE_PACKAGE = {"gradients/trajectories_shipped.json"}  # scripts/figures.py and notebook 03 read it as written
 KEEP_FIGURES = {"mechanism/seeds_3x.png", "switch/switch_timing.png"}  # shown in study/docs/mechanism.md
 EXTRACTS = ("shortcuts/*.csv",)  # what python -m probe.shortcuts --out writes beside results.json, from the same rows
 LEFT_AS_WRITTEN = ("fresh/*",)  # the fresh-seed confirmation (study/claims.toml) reads its own report and claims
