@@ -557,3 +557,81 @@ main, build_parser = COMMAND.main, COMMAND.build_parser
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# --- can this recurrence count? (any diagonal or delta-rule recurrence, probe's own or a bridged one) ---------------
+NEGATIVE_ONE = 0.95
+"""A transition "reaches -1" on the data where some eigenvalue's real part is at most -NEGATIVE_ONE."""
+
+
+def eigen_range(eigs: torch.Tensor, m: int = 2) -> dict[str, Any]:
+    """Where the eigenvalues ``eigs`` (any shape; real or complex) of a recurrence's per-token transitions lie, and
+    what theory says follows for counting mod ``m`` (Grazzi et al. 2025: a linear recurrence whose transitions'
+    eigenvalues are all positive real cannot track parity, nor Z_m, beyond the lengths it was trained on; it needs
+    negative eigenvalues (parity: reaching -1) or complex ones (a rotation by 2 pi k / m)).
+
+    ``range``: ``positive real in (0, 1]``, ``negative real (reaching -1)``, ``negative real``, ``complex`` or
+    ``zero``; ``max_phase``: the largest |arg| of any eigenvalue (pi for a negative real one); ``min_real``,
+    ``max_modulus``; the fractions ``positive``, ``negative``, ``complex``; ``can_count``: whether some eigenvalue
+    on the data turns the state by at least the smallest rotation of Z_m, 2 pi / m (pi for parity): the verdict
+    is read from the transitions the model computed, never from its architecture's name."""
+    z = eigs.detach().reshape(-1)
+    z = z.to(torch.complex128) if z.is_complex() else z.double().to(torch.complex128)
+    real, phase, modulus = z.real, torch.angle(z).abs(), z.abs()
+    tol = 1e-9
+    is_complex = z.imag.abs() > tol * modulus.clamp(min=1.0)
+    positive, negative = (~is_complex) & (real > 0), (~is_complex) & (real < 0)
+    smallest = 2 * math.pi / max(2, int(m))
+    max_phase = float(phase[modulus > 0].max()) if bool((modulus > 0).any()) else 0.0
+    if bool(is_complex.any()):
+        where = "complex"
+    elif bool(negative.any()):
+        where = "negative real (reaching -1)" if float(real.min()) <= -NEGATIVE_ONE else "negative real"
+    elif bool(positive.any()):
+        where = "positive real in (0, 1]" if float(modulus.max()) <= 1 + 1e-6 else "positive real"
+    else:
+        where = "zero"
+    can = max_phase >= smallest - 1e-9
+    theory = (f"can: some transition turns the state by {max_phase:.2f} rad >= 2 pi / {m}, so it can represent "
+              f"Z_{m}'s generator (needed to count mod {m} beyond the trained length)" if can else
+              f"cannot: every transition turns the state by less than 2 pi / {m} (positive-only real transitions "
+              f"cannot count mod {m} beyond the trained length, Grazzi et al. 2025)")
+    n = max(1, z.numel())
+    return {"range": where, "min_real": float(real.min()), "max_modulus": float(modulus.max()),
+            "max_phase": max_phase, "positive": float(positive.sum()) / n, "negative": float(negative.sum()) / n,
+            "complex": float(is_complex.sum()) / n, "can_count": bool(can), "verdict": theory, "n": int(z.numel())}
+
+
+@torch.no_grad()
+def own_eigenvalues(model: HookedSequenceModel, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The per-token transitions of each SSM layer of one of probe's own models on ``tokens`` (diagonal: the
+    transitions are the eigenvalues), ``{blocks.{i}.lstm: [batch, pos, channel]}``."""
+    reason = not_applicable(model)
+    if reason:
+        raise ProbeError(reason)
+    layers = model.lstm_layers
+    names = {f"blocks.{i}.lstm.hook_{g}" for i, layer in enumerate(layers) for g in layer.GATES}
+    _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in names)
+    return {f"blocks.{i}.lstm": layer.transition([cache[f"blocks.{i}.lstm.hook_{g}"].float() for g in layer.GATES])
+            for i, layer in enumerate(layers)}
+
+
+def can_count(model: Any, task: TaskConfig, length: int | None = None, n_samples: int = 16, seed: int = 0,
+              eigenvalues: Any = None) -> pd.DataFrame:
+    """"Can this recurrence count?": one row per recurrent layer (and ``all``) of ``model`` -- probe's own SSM or a
+    bridged model (``probe.bridge.wrap``: Mamba, Mamba-2, gated DeltaNet) -- with ``eigen_range`` of the transitions
+    it computes on ``n_samples`` sequences of ``task`` at ``length`` (default L_train), for counting mod ``task.m``.
+    ``eigenvalues`` (a function of (model, tokens) to ``{layer: eigenvalues}``) replaces the reader, so that a
+    control can feed hand-set transitions through the same summary. A recurrence whose transitions cannot be read
+    is refused in one line naming why."""
+    from probe.bridge import BridgedModel, transition_eigenvalues
+
+    check_inputs("probe.transitions.can_count", model=model, task=task)
+    read = eigenvalues or (transition_eigenvalues if isinstance(model, BridgedModel) else own_eigenvalues)
+    tokens = task.sample(length or task.train_length, n_samples, seed).tokens.to(next(model.parameters()).device)
+    eigs = read(model, tokens)
+    m = int(getattr(task, "m", 2) or 2)
+    rows = [{"layer": name, **eigen_range(e, m)} for name, e in eigs.items()]
+    joined = torch.cat([(e if e.is_complex() else e.to(torch.complex128)).reshape(-1).to(torch.complex128)
+                        for e in eigs.values()])
+    return pd.DataFrame([*rows, {"layer": "all", **eigen_range(joined, m)}])

@@ -1,0 +1,446 @@
+"""``probe.bridge``: any hybrid TransformerLens's ``TransformerBridge`` bridges, booted offline and analysed by probe.
+
+>>> import probe
+>>> from probe.tasks import make_task
+>>> task = make_task("modsum", train_length=8)
+>>> tl = probe.bridge.boot("mamba2", task, d_model=32, n_layers=2)  # a TransformerBridge, no download
+>>> model = probe.bridge.wrap(tl, task)  # what probe's analyses take, on the bridge's own hook names
+>>> model.recurrent_names, model.attention_names
+(['blocks.0.mixer', 'blocks.1.mixer'], [])
+
+``boot`` builds a small transformers model of a named architecture from a config (random weights, vocabulary = the
+task's), saves a ``tokenizers`` WordLevel tokenizer over that vocabulary to a temporary folder and returns
+``TransformerBridge.boot_transformers(folder, hf_model=model, tokenizer=...)``: nothing is downloaded. ``wrap`` gives
+the bridge the interface of a ``probe.wrap``-ped model (``BridgedModel``): its attention components
+(``blocks.{i}.attn``), its recurrent mixers (``blocks.{i}.mixer``, ``blocks.{i}.linear_attn``, ...) and each block's
+output as the residual stream, with a gate on each attention output so DAT trains it. ``ARCHS`` lists the
+architectures ``boot`` builds; the table in ``docs/bridge.md`` says which analysis runs on which.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformer_lens import HookedRootModule
+from transformer_lens.hook_points import HookPoint
+
+from probe.errors import ProbeError
+from probe.wrapped import WrappedConfig, WrappedModel
+
+# --- tiny configs, one per architecture -----------------------------------------------------------------------------
+Fields = Callable[[int, int, int], dict[str, Any]]
+
+
+def _alternate(n_layers: int, recurrent: str, attention: str) -> list[str]:
+    # recurrent first, then attention, repeated: two layers give one of each, as probe's 2-block hybrid has
+    return [(recurrent, attention)[i % 2] for i in range(n_layers)]
+
+
+def _heads(d: int) -> int:
+    return max(1, d // 16)
+
+
+ARCHS: dict[str, tuple[str, Fields]] = {
+    # name: (transformers class prefix, (d_model, n_layers, vocab) -> config fields)
+    "jamba": ("Jamba", lambda d, n, v: dict(
+        hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
+        num_key_value_heads=_heads(d), attn_layer_period=2, attn_layer_offset=1, num_experts=1,
+        num_experts_per_tok=1, expert_layer_period=1, expert_layer_offset=0, mamba_d_state=8, mamba_d_conv=4,
+        mamba_expand=2, mamba_dt_rank=max(1, d // 16), use_mamba_kernels=False)),
+    "qwen3-next": ("Qwen3Next", lambda d, n, v: dict(
+        hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
+        num_key_value_heads=1, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16,
+        linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4, mlp_only_layers=list(range(n)),
+        layer_types=_alternate(n, "linear_attention", "full_attention"))),
+    "falcon-h1": ("FalconH1", lambda d, n, v: dict(
+        hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
+        num_key_value_heads=_heads(d), head_dim=16, mamba_d_ssm=2 * d, mamba_n_heads=2 * d // 16, mamba_d_head=16,
+        mamba_d_state=8, mamba_d_conv=4, mamba_n_groups=1, mamba_chunk_size=16)),
+    "nemotron-h": ("NemotronH", lambda d, n, v: dict(
+        hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
+        num_key_value_heads=_heads(d), head_dim=16, ssm_state_size=8, mamba_num_heads=2 * d // 16,
+        mamba_head_dim=16, n_groups=1, chunk_size=16, use_mamba_kernels=False,
+        layers_block_type=_alternate(n, "mamba", "attention"))),
+    "lfm2": ("Lfm2", lambda d, n, v: dict(
+        hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
+        num_key_value_heads=_heads(d), block_auto_adjust_ff_dim=False,
+        layer_types=_alternate(n, "conv", "full_attention"))),
+    "mamba2": ("Mamba2", lambda d, n, v: dict(
+        hidden_size=d, num_hidden_layers=n, num_heads=2 * d // 16, head_dim=16, expand=2, state_size=8,
+        n_groups=1, chunk_size=16)),
+    "mamba": ("Mamba", lambda d, n, v: dict(
+        hidden_size=d, num_hidden_layers=n, state_size=8, expand=2, time_step_rank=max(1, d // 16),
+        use_mambapy=False)),
+    "falcon-mamba": ("FalconMamba", lambda d, n, v: dict(
+        hidden_size=d, num_hidden_layers=n, state_size=8, expand=2, time_step_rank=max(1, d // 16))),
+    "rwkv": ("Rwkv", lambda d, n, v: dict(
+        hidden_size=d, attention_hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, context_length=1024)),
+    "recurrentgemma": ("RecurrentGemma", lambda d, n, v: dict(
+        hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
+        num_key_value_heads=1, head_dim=16, lru_width=d, attention_window_size=2048,
+        block_types=_alternate(n, "recurrent", "attention"))),
+    "bamba": ("Bamba", lambda d, n, v: dict(
+        hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
+        num_key_value_heads=_heads(d), attn_layer_indices=list(range(1, n, 2)), mamba_n_heads=2 * d // 16,
+        mamba_d_head=16, mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=16)),
+    "granitemoehybrid": ("GraniteMoeHybrid", lambda d, n, v: dict(
+        hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
+        num_key_value_heads=_heads(d), num_local_experts=0, shared_intermediate_size=2 * d,
+        layer_types=_alternate(n, "mamba", "attention"), mamba_n_heads=2 * d // 16, mamba_d_head=16,
+        mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=16)),
+    "olmo-hybrid": ("OlmoHybrid", lambda d, n, v: dict(
+        hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
+        num_key_value_heads=_heads(d), linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+        linear_value_head_dim=16, layer_types=_alternate(n, "linear_attention", "full_attention"))),
+}
+"""The architectures ``boot`` builds, by name. Each config is small and consistent: two layers give one recurrent
+and one attention layer (a pure recurrence, Mamba / Mamba-2 / RWKV, has no attention), MLPs 2x wide, one expert
+where the architecture has experts (dense MLPs, as probe's are), head width 16, state width 8."""
+
+NO_SPECIAL_TOKENS = {"pad_token_id": None, "bos_token_id": None, "eos_token_id": None}
+"""Every token id is a task token: a pad id would make its embedding row a padding row (zero, never trained)."""
+
+
+def _vocab_size(task: Any, vocab_size: int | None) -> int:
+    size = vocab_size if vocab_size is not None else getattr(task, "vocab_size", None)
+    if not isinstance(size, int) or size < 2:
+        raise ProbeError("probe.bridge.boot needs the vocabulary: pass a task (with a vocab_size) or vocab_size=N")
+    return size
+
+
+def hf_model(arch: str, vocab_size: int, d_model: int = 32, n_layers: int = 2, seed: int = 0,
+             **fields: Any) -> nn.Module:
+    """The transformers ``...ForCausalLM`` of ``arch`` (``ARCHS``) with random weights drawn from ``seed``, in eval
+    mode, its ``config.architectures`` set (what the bridge reads to pick its adapter). ``fields`` override the
+    config's."""
+    import transformers
+
+    if arch not in ARCHS:
+        raise ProbeError(f"probe.bridge builds {', '.join(ARCHS)}, not {arch!r}; a model you built yourself goes "
+                         "straight to TransformerBridge.boot_transformers(name, hf_model=model, tokenizer=...)")
+    if d_model % 16 or d_model < 16:
+        raise ProbeError(f"d_model={d_model}: give a multiple of 16 (heads and SSM heads are 16 wide)")
+    prefix, make = ARCHS[arch]
+    config = getattr(transformers, f"{prefix}Config")(
+        vocab_size=vocab_size, **(make(d_model, n_layers, vocab_size) | NO_SPECIAL_TOKENS | fields))
+    config.architectures = [f"{prefix}ForCausalLM"]
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = getattr(transformers, f"{prefix}ForCausalLM")(config)
+    return model.eval()
+
+
+def word_tokenizer(vocab_size: int, folder: str) -> Any:
+    """A ``tokenizers`` WordLevel tokenizer whose words are the token ids ``"0" .. "V-1"``, saved to ``folder`` and
+    read back from it (the bridge's tokenizer set-up reads the name it was loaded from). Analyses pass token ids, so
+    it is only what the bridge requires to exist."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {str(i): i for i in range(vocab_size)}
+    tok = Tokenizer(models.WordLevel(words, unk_token="0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="0").save_pretrained(folder)
+    return PreTrainedTokenizerFast.from_pretrained(folder)
+
+
+def boot(arch: str, task: Any = None, *, vocab_size: int | None = None, d_model: int = 32, n_layers: int = 2,
+         seed: int = 0, device: str = "cpu", **fields: Any) -> Any:
+    """A ``TransformerBridge`` over a fresh ``arch`` model (``hf_model``) sized for ``task``'s vocabulary, booted
+    with no download: ``TransformerBridge.boot_transformers(folder, hf_model=..., tokenizer=...)`` on a temporary
+    folder holding the tokenizer. Its logits are the transformers model's (tested per architecture)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    size = _vocab_size(task, vocab_size)
+    model = hf_model(arch, size, d_model, n_layers, seed, **fields)
+    with tempfile.TemporaryDirectory() as folder, _offline():
+        tokenizer = word_tokenizer(size, folder)
+        bridge = TransformerBridge.boot_transformers(folder, hf_model=model, tokenizer=tokenizer, device=device)
+    bridge.probe_arch = arch
+    return bridge.eval()
+
+
+@contextlib.contextmanager
+def _offline() -> Iterator[None]:
+    # boot_transformers is handed the model and the tokenizer; offline mode makes sure nothing else is fetched
+    before = os.environ.get("HF_HUB_OFFLINE")
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = before
+
+
+# --- the bridge as a model probe's analyses take --------------------------------------------------------------------
+RECURRENT_KEYS = ("mixer", "mamba", "linear_attn", "conv", "time_mix")
+"""A block's component keys that hold its non-attention token mixer (a Mamba / Mamba-2 mixer, a gated DeltaNet, LFM2's
+short convolution, RWKV's time mixing), unless the module it wraps is an attention (Nemotron-H keys both ``mixer``)."""
+
+
+@dataclass(frozen=True)
+class Component:
+    """One attention or recurrent component of a bridged block: its name (``blocks.{i}.attn``), its index ``block``
+    and ``kind``: ``attention``, or the recurrence it runs: ``mamba`` (Mamba-1's selective scan), ``mamba2`` (SSD),
+    ``gated-delta`` (a gated DeltaNet), ``conv`` (a finite short convolution), ``opaque`` (a component the bridge
+    exposes by its input and output only)."""
+
+    name: str
+    block: int
+    kind: str
+    module: nn.Module
+
+
+def _kind(key: str, component: nn.Module) -> str:
+    from transformer_lens.model_bridge.generalized_components import (
+        AttentionBridge,
+        GatedDeltaNetBridge,
+        SSM2MixerBridge,
+        SSMMixerBridge,
+    )
+
+    wrapped = type(getattr(component, "original_component", None)).__name__
+    # Nemotron-H keys its attention "mixer" too; RWKV's time mixing is a recurrence whatever its class is called
+    is_attention = key not in ("time_mix", "linear_attn") and wrapped.endswith("Attention")
+    if isinstance(component, AttentionBridge) or is_attention:
+        return "attention"
+    if isinstance(component, SSMMixerBridge):
+        return "mamba"
+    if isinstance(component, SSM2MixerBridge):
+        return "mamba2"
+    if isinstance(component, GatedDeltaNetBridge):
+        return "gated-delta"
+    return "conv" if key == "conv" else "opaque"
+
+
+def components(bridge: Any) -> list[Component]:
+    """Every attention and recurrent component of ``bridge``'s blocks, in block order (a block may hold both, as
+    Falcon-H1's do). Absent optional components (Jamba's attention in a Mamba layer) are skipped."""
+    found = []
+    for i, block in enumerate(bridge.blocks):
+        for key in block.submodules or {}:
+            if key != "attn" and key not in RECURRENT_KEYS:
+                continue
+            try:
+                module = getattr(block, key)
+            except AttributeError:
+                continue
+            if module is None or getattr(module, "original_component", None) is None:
+                continue
+            found.append(Component(f"blocks.{i}.{key}", i, _kind(key, module), module))
+    return found
+
+
+class _Gate(nn.Module):
+    """One attention component's gate (multiplies its ``hook_out`` before any user hook sees it, as probe's own
+    blocks gate attention before ``hook_attn_out``) and stop-gradient switch (its ``hook_in`` detached)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("gate", torch.ones(()))
+        self.stopgrad = False
+
+    def out(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        return self.gate.to(output.dtype) * output
+
+    def inp(self, module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        return output.detach() if self.stopgrad else output
+
+
+class BridgedModel(WrappedModel):
+    """A ``TransformerBridge`` as a model probe's analyses take: the interface of ``probe.wrap``'s ``WrappedModel``
+    (attention and recurrent names, gates, parameters, sublayer outputs), on the bridge's own hook names.
+
+    - attention: each ``blocks.{i}.attn`` (Nemotron-H: the ``blocks.{i}.mixer`` that wraps an attention); its
+      ``hook_out`` is after the gate, its ``hook_in`` is what the gradient split detaches;
+    - recurrent: each ``blocks.{i}.mixer`` / ``.mamba`` / ``.linear_attn`` / ``.conv`` / ``.time_mix``;
+    - residual stream: each block's ``blocks.{i}.hook_out``;
+    - every hook the bridge has, by its canonical name (``blocks.0.mixer.in_proj.hook_out``; aliases such as
+      ``hook_ssm_decay`` are left out so that nothing is cached twice), and ``hook_logits``.
+
+    The recurrent components are not ``nn.LSTM`` / ``nn.GRU``, so they have no per-step state hooks of probe's
+    (``hooked_cells`` is empty): analyses that set a state at one position use their module-level forms or refuse.
+    """
+
+    def __init__(self, bridge: Any, task: Any = None) -> None:
+        HookedRootModule.__init__(self)  # not WrappedModel's: no Site hooks are put on the bridge's components
+        self.module = bridge
+        self.task = task
+        self.forward_kwargs: dict[str, Any] = {}
+        self.unwrapped = False
+        self.rnns: dict[str, Any] = {}
+        self.components = components(bridge)
+        attention = [c for c in self.components if c.kind == "attention"]
+        recurrent = [c for c in self.components if c.kind != "attention"]
+        if not self.components:
+            arch = getattr(bridge, "probe_arch", type(bridge.original_model).__name__)
+            raise ProbeError(f"{arch}: TransformerLens bridges it at the block level only (blocks.{{i}}.hook_in / "
+                             "hook_out), so it has no attention or recurrent component to split, gate or patch; "
+                             "probe.wrap_hf wraps its modules instead")
+        self.attention_names = [c.name for c in attention]
+        self.recurrent_names = [c.name for c in recurrent]
+        self.resid_names = [f"blocks.{i}" for i in range(len(bridge.blocks))]
+        self.gates = nn.ModuleList([_Gate() for _ in attention])
+        self._handles = []
+        for c, gate in zip(attention, self.gates, strict=True):
+            self._handles += [c.module.hook_out.register_forward_hook(gate.out),
+                              c.module.hook_in.register_forward_hook(gate.inp)]
+        self.hook_logits = HookPoint()  # [batch, pos, vocab]
+        self.cfg = WrappedConfig(tuple(self.attention_names), tuple(self.recurrent_names), tuple(self.resid_names),
+                                 vocab_size=int(bridge.cfg.d_vocab), d_model=int(bridge.cfg.d_model),
+                                 n_heads=int(getattr(bridge.cfg, "n_heads", 1) or 1), family="bridge", rnn="bridge")
+        self.setup()
+
+    def setup(self) -> None:
+        """The bridge's hook points under the names the bridge gives them, and ``hook_logits``."""
+        self.hook_logits.name = "hook_logits"
+        own = {n: h for n, h in self.module.hook_dict.items() if getattr(h, "name", None) == n}
+        self.hook_dict = {**own, "hook_logits": self.hook_logits}
+        self.mod_dict = dict(self.hook_dict)
+
+    def unwrap(self) -> Any:
+        """Remove the gates and return the bridge."""
+        for handle in self._handles:
+            handle.remove()
+        self.unwrapped = True
+        return self.module
+
+    @property
+    def attention_modules(self) -> list[nn.Module]:
+        return [c.module for c in self.components if c.kind == "attention"]
+
+    @property
+    def recurrent_modules(self) -> list[nn.Module]:
+        return [c.module for c in self.components if c.kind != "attention"]
+
+    def attention_gates(self) -> list[float]:
+        return [float(g.gate) for g in self.gates]
+
+    def set_attention_gate(self, value: float | Sequence[float]) -> None:
+        values = [float(value)] * len(self.gates) if isinstance(value, (int, float)) else [float(v) for v in value]
+        if len(values) != len(self.gates):
+            raise ProbeError(f"{len(values)} gate values for {len(self.gates)} attention components")
+        for gate, v in zip(self.gates, values, strict=True):
+            gate.gate.fill_(v)
+
+    def set_attention_stopgrad(self, value: bool) -> None:
+        for gate in self.gates:
+            gate.stopgrad = bool(value)
+
+    @contextlib.contextmanager
+    def attention_detached(self, which: Sequence[int] | None = None) -> Iterator[None]:
+        gates = [g for i, g in enumerate(self.gates) if which is None or i in which]
+        before = [g.stopgrad for g in gates]
+        for g in gates:
+            g.stopgrad = True
+        try:
+            yield
+        finally:
+            for g, v in zip(gates, before, strict=True):
+                g.stopgrad = v
+
+    def sublayer_outputs(self) -> dict[str, Any]:
+        from probe.models.hooked import Sublayer
+
+        return {f"{c.name}.hook_out": Sublayer("attn" if c.kind == "attention" else "recurrent", 0)
+                for c in sorted(self.components, key=lambda c: c.kind == "attention")}
+
+    def probe_hooks(self) -> list[str]:
+        return [f"{n}.hook_out" for n in (*self.recurrent_names, *self.attention_names, *self.resid_names)]
+
+
+def wrap(bridge: Any, task: Any = None) -> BridgedModel:
+    """``bridge`` (a ``TransformerBridge``, e.g. from ``boot``) as a ``BridgedModel`` that probe's analyses take;
+    ``task``: the task it answers (the analyses' default). One line where the bridge has no component to name."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    if isinstance(bridge, BridgedModel):
+        raise ProbeError("this bridge is already wrapped: use it as it is")
+    if not isinstance(bridge, TransformerBridge):
+        raise ProbeError(f"probe.bridge.wrap takes a TransformerBridge, got a {type(bridge).__name__}; a model of "
+                         "your own goes through probe.wrap(model, attention=[...], recurrent=[...])")
+    return BridgedModel(bridge, task).train(bridge.training)
+
+
+def model(arch: str, task: Any = None, **kwargs: Any) -> BridgedModel:
+    """``wrap(boot(arch, task, **kwargs), task)``: a fresh bridged ``arch`` model, ready for any analysis."""
+    return wrap(boot(arch, task, **kwargs), task)
+
+
+# --- the per-token transitions of a bridged recurrence ---------------------------------------------------------------
+NO_TRANSITION = {
+    "conv": "a short convolution keeps a finite window of inputs, not a state: it has no transition to read",
+    "opaque": "the bridge exposes it by its input and output only (no decay, gate or beta hook), so its transition "
+              "cannot be read",
+}
+
+
+def transition_reason(c: Component) -> str | None:
+    """Why the per-token transition of recurrent component ``c`` cannot be read from the bridge's hooks, or None."""
+    if c.kind in NO_TRANSITION:
+        return f"{c.name}: {NO_TRANSITION[c.kind]}"
+    if c.kind == "mamba2" and not c.name.endswith(".mixer"):
+        # Falcon-H1 multiplies in_proj's output by a fixed mup vector before the split; TransformerLens's SSD
+        # reconstruction (which reads blocks.{i}.mixer.in_proj) does not, so its dt would be the wrong one
+        return (f"{c.name}: TransformerLens reconstructs a Mamba-2 step (dt) from blocks.{{i}}.mixer hooks only, and "
+                "this mixer scales in_proj's output (mup) before the split")
+    return None
+
+
+@contextlib.contextmanager
+def eager_scan(comps: Sequence[Component]) -> Iterator[None]:
+    """TransformerLens's opt-in Python scan on each Mamba / Mamba-2 mixer: transformers' own scan reads ``dt_proj``'s
+    weight and the convolution without calling them, so their hooks fire only on this path (its logits agree with
+    the fused path's to float rounding, measured 4e-7 here)."""
+    mixers = [c.module for c in comps if c.kind in ("mamba", "mamba2")]
+    before = [m.eager_scan for m in mixers]
+    for m in mixers:
+        m.eager_scan = True
+    try:
+        yield
+    finally:
+        for m, v in zip(mixers, before, strict=True):
+            m.eager_scan = v
+
+
+@torch.no_grad()
+def transition_eigenvalues(model: BridgedModel, tokens: Tensor) -> dict[str, Tensor]:
+    """The eigenvalues of each recurrent component's per-token transition on ``tokens``, read from the bridge's
+    hooks in one forward pass: ``{name: tensor [batch, pos, ...]}``, real (every recurrence bridged today has real
+    transitions). Mamba-1: exp(dt_t[c] A[c, s]) per channel and state, dt = softplus(``dt_proj.hook_out``) and
+    A = -exp(A_log), the mixer's own discretisation; Mamba-2: exp(dt_t[h] A[h]) per head, dt from TransformerLens's
+    SSD reconstruction; gated DeltaNet: its transition exp(g_t)(I - beta_t k_t k_t^T) with k_t unit-norm (the kernel
+    normalises it) has eigenvalues exp(g_t) (every direction orthogonal to k_t) and exp(g_t)(1 - beta_t) (along
+    k_t), from ``hook_log_decay`` and ``hook_beta``. A component whose transition cannot be read: ProbeError."""
+    recurrent = [c for c in model.components if c.kind != "attention"]
+    reasons = [r for r in map(transition_reason, recurrent) if r]
+    if not recurrent or len(reasons) == len(recurrent):
+        raise ProbeError("; ".join(reasons) or "this bridged model has no recurrent component")
+    readable = [c for c in recurrent if not transition_reason(c)]
+    wanted = {f"{c.name}.dt_proj.hook_out" for c in readable if c.kind == "mamba"}
+    wanted |= {f"{c.name}.{h}.hook_out" for c in readable if c.kind == "mamba2" for h in ("in_proj", "conv1d")}
+    wanted |= {f"{c.name}.{h}" for c in readable if c.kind == "gated-delta" for h in ("hook_log_decay", "hook_beta")}
+    with eager_scan(readable):
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted)
+    out = {}
+    for c in readable:
+        m = c.module
+        if c.kind == "mamba":
+            dt = torch.nn.functional.softplus(cache[f"{c.name}.dt_proj.hook_out"].float())  # [batch, pos, channel]
+            out[c.name] = torch.exp(dt[..., None] * -torch.exp(m.A_log.float()))  # [batch, pos, channel, state]
+        elif c.kind == "mamba2":
+            dt = m._ssd_terms(cache, c.block).dt  # [batch, pos, head]
+            out[c.name] = torch.exp(dt * -torch.exp(m.A_log.float()))
+        else:
+            decay = torch.exp(cache[f"{c.name}.hook_log_decay"].float())  # [batch, pos, head]
+            out[c.name] = torch.stack([decay, decay * (1 - cache[f"{c.name}.hook_beta"].float())], dim=-1)
+    return out
