@@ -64,7 +64,7 @@ def test_parse_gives_the_options_dataclass_and_old_spellings_parse_to_the_new_fi
     assert isinstance(opts, ToyOptions)
     assert (opts.checkpoints, opts.lengths, opts.samples, opts.fast, opts.n_heads) == (["a.pt", "b.pt"], [4, 8], 5,
                                                                                         True, 3)
-    assert (opts.seed, opts.device, opts.json, opts.out, opts.threads, opts.ks) == (0, "auto", False, None, 0, [1, 2])
+    assert (opts.seed, opts.device, opts.json, opts.out, opts.threads, opts.ks) == (0, "auto", False, None, 1, [1, 2])
     assert TOY.parse(["a.pt"]).ks is not TOY.parse(["a.pt"]).ks, "a list default is not shared"
 
 
@@ -149,3 +149,18 @@ def test_a_write_that_fails_after_the_check_is_one_line_and_exit_2(tmp_path, cap
 def test_progress_is_on_under_json_and_off_with_no_progress():
     assert TOY.parse(["a.pt", "--json"]).progress
     assert not TOY.parse(["a.pt", "--json", "--no-progress"]).progress
+
+
+def test_every_command_defaults_to_the_same_thread_count():
+    """One default for every command (a new user found three on torch's default, one per core, and three on 1)."""
+    import importlib
+
+    from probe.cli import DEFAULT_THREADS
+
+    for name in ("evaluate", "gradients", "attributions", "probes", "shortcuts", "sharpness", "transitions"):
+        try:
+            command = importlib.import_module(f"probe.{name}.cli").COMMAND
+        except ModuleNotFoundError:
+            command = importlib.import_module(f"probe.{name}").COMMAND
+        threads = next(a for a in command.build_parser()._actions if a.dest == "threads")
+        assert threads.default == DEFAULT_THREADS, f"probe.{name} defaults to --threads {threads.default}"
