@@ -9,17 +9,16 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from probe.core.task import IGNORE_INDEX
 from probe.errors import ProbeError
-
-IGNORE_INDEX = -100
-"""Label value at positions where nothing is asked (``torch.nn.functional.cross_entropy``'s default)."""
 
 SUBTASKS = ("state", "recall")
 
 
 @dataclass
 class Batch:
-    """One batch of a task, every tensor on the same device.
+    """One batch of one of probe's tasks, every tensor on the same device: the interface every analysis reads
+    (``probe.core.task``: tokens, labels, named masks, per-position targets, prefix length), with the running sums.
 
     ``tokens`` and ``labels`` are ``(batch, prefix_len + length)``; labels hold token ids of the answer or
     ``IGNORE_INDEX``; ``masks[s]`` is True where subtask ``s`` (``"state"`` / ``"recall"``) asks a question.
@@ -47,6 +46,11 @@ class Batch:
     @property
     def answer_mask(self) -> Tensor:
         return self.labels != IGNORE_INDEX
+
+    @property
+    def targets(self) -> dict[str, Tensor]:
+        """The per-position targets, as every task's batch names them (``probe.core.task``): the running sum."""
+        return {"sums": self.sums}
 
 
 def _generator(seed: int | torch.Generator) -> torch.Generator:
