@@ -19,6 +19,7 @@ from probe.core.lengths import multiples
 from probe.core.meta import checkpoint_meta, schedule_gate
 from probe.core.progress import note, progress_iter
 from probe.core.rows import threshold_row
+from probe.core.task import as_batch, as_sampler, is_batch, need_train_length, take_rows
 from probe.errors import ProbeError
 from probe.gradients.adamstep import check_real_step
 from probe.gradients.beyond import (
@@ -40,7 +41,6 @@ from probe.gradients.inputs import LookaheadConfig, adam_moments
 from probe.gradients.realstep import RealStepConfig, real_step_report
 from probe.memory import check_lengths
 from probe.models import HookedSequenceModel, ModelConfig
-from probe.tasks import TaskConfig
 from probe.training.state import step_state
 from probe.wrapped import WrappedModel
 
@@ -98,19 +98,30 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
-def split_with_checks(model: HookedSequenceModel | WrappedModel, task: TaskConfig, lengths: Sequence[int],
+def split_with_checks(model: HookedSequenceModel | WrappedModel, task: Any, lengths: Sequence[int],
                       batch_size: int = 64, seed: int = 0, device: torch.device | str = "cpu",
-                      meta: dict[str, Any] | None = None) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
+                      meta: dict[str, Any] | None = None, parts: Any = None,
+                      batch: Any = None) -> tuple[pd.DataFrame, list[dict[str, Any]]]:
     """The interference table at each length and its exactness checks: the loss parts' gradients sum to the
-    gradient of the model's own loss computed in a pass of its own (``loss_split``), g_rec by the method's cut
+    gradient of the whole loss computed in a pass of its own (``loss_split``), g_rec by the method's cut
     agrees with g_rec by another route (``g_rec_two_routes``), and g_rec plus g_att computed on its own, without
-    any cut, is g (``parts_sum_to_whole``). ``meta``: columns every row carries."""
-    check_inputs("probe.gradients.split_with_checks", model=model, task=task)
+    any cut, is g (``parts_sum_to_whole``). ``task``: probe's task or any sampler (``probe.core.task``); ``batch``:
+    one batch of the user's instead (then ``task`` and ``lengths`` are not read); ``parts``: the two named parts of
+    the loss (``decompose``). ``meta``: columns every row carries."""
+    where = "probe.gradients.split_with_checks"
+    check_inputs(where, model=model)
     meta = meta or {"checkpoint": "<model>"}
-    table = pd.concat([interference(model, analysis_batch(task, length, batch_size, seed, device))
-                       .assign(**meta, length=length) for length in lengths], ignore_index=True)
-    # exactness does not depend on the batch size, so this check uses a small batch
-    small = analysis_batch(task, lengths[0], min(batch_size, 16), seed, device)
+    if batch is not None:
+        one = as_batch(batch, where).to(device)
+        drawn = [(one.length, one)]
+        small = take_rows(one, slice(0, 16))  # exactness does not depend on the batch size: a small batch
+    else:
+        sampler = as_sampler(task, where)
+        drawn = [(length, analysis_batch(sampler, length, batch_size, seed, device)) for length in lengths]
+        # exactness does not depend on the batch size, so this check uses a small batch
+        small = analysis_batch(sampler, lengths[0], min(batch_size, 16), seed, device)
+    table = pd.concat([interference(model, b, parts).assign(**meta, length=length) for length, b in drawn],
+                      ignore_index=True)
     return table, [loss_split_control(meta["checkpoint"], table), threshold_row(
         meta["checkpoint"], "g_rec_two_routes", route_disagreement(model, small), ROUTE_TOL,
         "|g_rec(attention's inputs detached) - g_rec(route)| / |g| for the model's stopgrad route and a detached "
@@ -122,26 +133,40 @@ def split_with_checks(model: HookedSequenceModel | WrappedModel, task: TaskConfi
         "leaves a path through attention open or cuts a recurrent one")]
 
 
-def analyze_model(model: HookedSequenceModel | WrappedModel, task: TaskConfig | None = None,
+def analyze_model(model: HookedSequenceModel | WrappedModel, task: Any = None,
                   lengths: Sequence[int] | None = None, batch_size: int = 64, seed: int = 0,
-                  name: str = "<model>") -> GradientReport:
+                  name: str = "<model>", *, batch: Any = None, parts: Any = None,
+                  train_length: int | None = None) -> GradientReport:
     """The gradient split of a live model -- probe's own or one from ``probe.wrap`` -- at each length (default the
     training length and 3x), with its exactness checks and the hand-built control; no lookahead (it needs the
-    optimizer's moments, which a checkpoint carries: ``analyze_checkpoint``). ``task`` defaults to the model's."""
-    check_inputs("probe.gradients.analyze_model", model=model, task=task, task_optional=True)
-    task = task or getattr(model, "task", None)
-    if task is None:
-        raise ProbeError("analyze_model needs the task the model answers: pass task= (probe.tasks.make_task(...))")
+    optimizer's moments, which a checkpoint carries: ``analyze_checkpoint``).
+
+    The data, any task's (``probe.core.task``): ``batch`` (one batch of yours: the split at its length; a batch
+    passed as ``task`` is read as one), or ``task`` (probe's task or a sampler ``f(length, batch_size, seed)``;
+    default the model's own, ``probe.wrap(..., task=)``); a sampler that does not know its training length needs
+    ``lengths`` or ``train_length``. ``parts``: the two named parts of the loss (``decompose``)."""
+    where = "probe.gradients.analyze_model"
+    check_inputs(where, model=model)
+    if batch is None and is_batch(task):
+        batch, task = task, None
     cfg = model.cfg
     if not cfg.has_lstm:
         raise ProbeError(f"{name}: the model has no recurrent module, so there is no recurrent-weight gradient to "
                          "split; wrap it with recurrent=[...]")
+    sampler = None
+    if batch is None:
+        task = task if task is not None else getattr(model, "task", None)
+        if task is None:
+            raise ProbeError(f"{where}: no data: pass batch= (a batch of your task) or task= (a sampler f(length, "
+                             "batch_size, seed), or probe.tasks.make_task(...))")
+        sampler = as_sampler(task, where, train_length)
+        if not lengths:
+            lengths = multiples(need_train_length(sampler, where), DEFAULT_FACTORS)
     device = next(model.parameters()).device
     meta = {"checkpoint": name, "family": cfg.family}
     gates = model.attention_gates()
-    table, controls = split_with_checks(model.eval(), task, list(lengths or multiples(task.train_length,
-                                                                                        DEFAULT_FACTORS)),
-                                        batch_size, seed, device, {**meta, "gate": gates[0] if gates else 0.0})
+    table, controls = split_with_checks(model.eval(), sampler, list(lengths or []), batch_size, seed, device,
+                                        {**meta, "gate": gates[0] if gates else 0.0}, parts, batch)
     return GradientReport(table, controls=controls + builtin_controls())
 
 

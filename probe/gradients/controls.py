@@ -216,9 +216,10 @@ def builtin_controls(cut: Cut = attention_inputs_detached) -> list[dict[str, Any
 # --- rows from computed tables ----------------------------------------------------------------------------------
 def loss_split_control(checkpoint: str, table: pd.DataFrame) -> dict[str, Any]:
     return threshold_row(checkpoint, "loss_split", float(table.loss_split_residual.max()), SPLIT_TOL,
-                       "|g_state + g_recall - g_train| / |g_train|, g_train from the model's own loss: fails if "
-                       "the state/recall split does not add up to the trainer's loss (it checks the loss split, "
-                       "not the attention/recurrent split)")
+                       "|g_a + g_b - g_train| / |g_train| for the two loss parts (probe's tasks: state, recall), "
+                       "g_train from the model's own loss (two loss callables: their sum) in a pass of its own: "
+                       "fails if the split does not add up to that loss (it checks the loss split, not the "
+                       "attention/recurrent split)")
 
 
 def first_order_control(checkpoint: str, rows: pd.DataFrame) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +16,7 @@ from torch import Tensor
 
 from probe.core.cells import cell_label, recurrent_modules
 from probe.core.inputs import check_inputs
+from probe.core.task import as_batch, two_parts
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
 from probe.tasks import IGNORE_INDEX, Batch
@@ -105,16 +106,45 @@ def check_has_lstm(model: HookedSequenceModel) -> list[torch.nn.Parameter]:
     return theta
 
 
-def split_losses(logits: Tensor, batch: Batch) -> dict[str, Tensor]:
-    """``state`` and ``recall`` parts that sum exactly to the training loss (mean CE over labelled positions)."""
+def split_losses(logits: Tensor, batch: Batch, parts: tuple[str, str] = ("state", "recall")) -> dict[str, Tensor]:
+    """The two parts of the training loss (mean CE over labelled positions) named by two of the batch's masks; they
+    sum exactly to it. A labelled position in both masks counts in the first part; one in neither in the second
+    (``check_parts`` refuses that for a user's masks; probe's tasks have none)."""
+    a, b = parts
     ce = F.cross_entropy(logits.flatten(0, 1), batch.labels.flatten(), ignore_index=IGNORE_INDEX,
                          reduction="none").view_as(batch.labels)
     asked = batch.answer_mask
     n = asked.sum().clamp(min=1)
-    state = batch.masks["state"] & asked
-    recall = batch.masks["recall"] & asked & ~state
-    other = asked & ~state & ~recall  # none in probe's tasks; kept so the parts always sum to the loss
-    return {"state": (ce * state).sum() / n, "recall": (ce * recall).sum() / n + (ce * other).sum() / n}
+    first = batch.masks[a] & asked
+    return {a: (ce * first).sum() / n, b: (ce * (asked & ~first)).sum() / n}
+
+
+LossPart = Callable[[Tensor, Any], Tensor]
+"""A named part of the loss as a callable: ``f(logits, batch) -> scalar``."""
+
+
+def check_parts(batch: Any, where: str, parts: Sequence[str] | Mapping[str, LossPart] | None,
+                ) -> tuple[tuple[str, str], Callable[[Tensor, Any], dict[str, Tensor]] | None]:
+    """The two part names and, for loss callables, the split they make (None for two masks, ``split_losses``).
+    Two masks must cover every labelled position between them, so that the parts sum to the training loss and the
+    ``loss_split`` check can hold; anything else is refused in one line."""
+    names = two_parts(batch, where, parts)
+    if isinstance(parts, Mapping):
+        fns = dict(parts)
+        if not all(callable(f) for f in fns.values()):
+            raise ProbeError(f"{where}: parts given as a dict must map each name to a loss callable f(logits, batch)")
+        return names, lambda logits, b: {k: fns[k](logits, b) for k in names}
+    missing = [m for m in names if m not in batch.masks]
+    if missing:
+        raise ProbeError(f"{where}: the gradient split needs two named parts; this batch has masks "
+                         f"{list(batch.masks)}, not {', '.join(map(repr, missing))}")
+    asked = batch.answer_mask
+    left = int((asked & ~batch.masks[names[0]] & ~batch.masks[names[1]]).sum())
+    if left:
+        raise ProbeError(f"{where}: masks {names[0]!r} and {names[1]!r} leave {left} labelled positions out, so "
+                         "their parts would not sum to the training loss: add those positions to a mask, or pass "
+                         "two loss callables")
+    return names, None
 
 
 def state_loss(logits: Tensor, batch: Batch) -> Tensor:
@@ -141,36 +171,42 @@ def recurrent_gradient(model: HookedSequenceModel, batch: Batch, cut: Cut = atte
 
 @dataclass
 class Decomposition:
-    """Flattened per-block gradients of one batch. Keys of each dict: ``state``, ``recall`` (loss parts)."""
+    """Flattened per-block gradients of one batch. Keys of each dict: the two loss parts' names (``parts``: probe's
+    tasks ``state`` and ``recall``; a user's, the masks or loss callables it named)."""
 
     g: list[dict[str, Tensor]]
     g_rec: list[dict[str, Tensor]]
     g_ref: list[Tensor]
     losses: dict[str, float]
-    counts: dict[str, int]
+    counts: dict[str, int | None]
+    parts: tuple[str, str] = ("state", "recall")
 
     @property
     def n_blocks(self) -> int:
         return len(self.g)
 
     def vectors(self, block: int | None) -> dict[str, Tensor]:
-        """``g, g_rec, g_att`` and their ``_state`` / ``_recall`` parts, plus ``g_ref``, for one block (None: all)."""
+        """``g, g_rec, g_att`` and their ``_{part}`` parts (``g_att_state``), plus ``g_ref``, for one block (None:
+        all)."""
         idx = range(self.n_blocks) if block is None else [block]
 
         def cat(parts: list[Tensor]) -> Tensor:
             return torch.cat([parts[i] for i in idx])
 
+        a, b = self.parts
         out: dict[str, Tensor] = {"g_ref": cat(self.g_ref)}
-        for s in ("state", "recall"):
+        for s in self.parts:
             out[f"g_{s}"] = cat([d[s] for d in self.g])
             out[f"g_rec_{s}"] = cat([d[s] for d in self.g_rec])
             out[f"g_att_{s}"] = out[f"g_{s}"] - out[f"g_rec_{s}"]
         for name in ("g", "g_rec", "g_att"):
-            out[name] = out[f"{name}_state"] + out[f"{name}_recall"]
+            out[name] = out[f"{name}_{a}"] + out[f"{name}_{b}"]
         return out
 
     def table(self) -> pd.DataFrame:
-        """One row per block and one with ``block="all"``; columns documented in the CLI's --help."""
+        """One row per block and one with ``block="all"``; columns documented in the CLI's --help, the parts' names
+        in them (``cos_att_state_rec_state``; a user's ``cos_att_copy_rec_copy``)."""
+        a, b = self.parts
         rows = []
         for block in [*range(self.n_blocks), None]:
             v = self.vectors(block)
@@ -180,13 +216,13 @@ class Decomposition:
                 "g_norm": norm["g"], "g_rec_norm": norm["g_rec"], "g_att_norm": norm["g_att"],
                 "att_ratio": ratio(norm["g_att"], norm["g"]),
                 "cos_att_rec": cosine(v["g_att"], v["g_rec"]),
-                "cos_att_rec_state": cosine(v["g_att"], v["g_rec_state"]),
-                "cos_att_state_rec_state": cosine(v["g_att_state"], v["g_rec_state"]),
-                "cos_att_recall_rec_state": cosine(v["g_att_recall"], v["g_rec_state"]),
-                "g_att_state_norm": norm["g_att_state"], "g_att_recall_norm": norm["g_att_recall"],
+                f"cos_att_rec_{a}": cosine(v["g_att"], v[f"g_rec_{a}"]),
+                f"cos_att_{a}_rec_{a}": cosine(v[f"g_att_{a}"], v[f"g_rec_{a}"]),
+                f"cos_att_{b}_rec_{a}": cosine(v[f"g_att_{b}"], v[f"g_rec_{a}"]),
+                f"g_att_{a}_norm": norm[f"g_att_{a}"], f"g_att_{b}_norm": norm[f"g_att_{b}"],
                 "loss_split_residual": ratio(float((v["g"] - v["g_ref"]).norm()), norm["g_ref"]),
-                "loss": self.losses["all"], "loss_state": self.losses["state"], "loss_recall": self.losses["recall"],
-                "n_state": self.counts["state"], "n_recall": self.counts["recall"],
+                "loss": self.losses["all"], f"loss_{a}": self.losses[a], f"loss_{b}": self.losses[b],
+                f"n_{a}": self.counts.get(a), f"n_{b}": self.counts.get(b),
             })
         return pd.DataFrame(rows)
 
@@ -204,34 +240,52 @@ def cosine(a: Tensor, b: Tensor) -> float:
 
 
 def decompose(model: HookedSequenceModel, batch: Batch, cut: Cut = attention_inputs_detached,
-              split: Callable[[Tensor, Batch], dict[str, Tensor]] = split_losses) -> Decomposition:
-    """``g``, ``g_rec`` (per loss part) and the gradient of the model's own loss (``g_ref``), for every block.
-    ``cut`` and ``split`` are parameters so that the tests can break the method and watch the controls fail."""
-    check_inputs("probe.gradients.decompose", model=model, batch=batch, masks=("state", "recall"))
+              split: Callable[[Tensor, Batch], dict[str, Tensor]] | None = None,
+              parts: Sequence[str] | Mapping[str, LossPart] | None = None) -> Decomposition:
+    """``g``, ``g_rec`` (per loss part) and the gradient of the whole loss in a pass of its own (``g_ref``), for
+    every block. ``batch``: any batch ``probe.core.task.as_batch`` reads. ``parts``: the two named parts of the loss,
+    as two of the batch's masks (default: ``state`` and ``recall``, or the batch's two masks) or as two loss
+    callables ``{name: f(logits, batch)}``; ``g_ref`` is then the gradient of the model's own loss (masks) or of the
+    two callables' sum. ``cut`` and ``split`` are parameters so that the tests can break the method and watch the
+    controls fail."""
+    where = "probe.gradients.decompose"
+    check_inputs(where, model=model)
+    batch = as_batch(batch, where)
+    names, own_split = check_parts(batch, where, parts)
+    if split is None:
+        split = own_split or (lambda logits, b: split_losses(logits, b, names))
     theta = lstm_parameters(model)
     flat = check_has_lstm(model)
     sizes = [sum(p.numel() for p in ps) for ps in theta]
+    a, b = names
 
     def per_block(v: Tensor) -> list[Tensor]:
         return list(v.split(sizes))
 
     with torch.enable_grad():
-        parts = split(model(batch.tokens), batch)
-        g = {s: per_block(flat_grad(parts[s], flat, retain=s == "state")) for s in ("state", "recall")}
+        losses = split(model(batch.tokens), batch)
+        g = {s: per_block(flat_grad(losses[s], flat, retain=s == a)) for s in names}
         with cut(model):
             parts_rec = split(model(batch.tokens), batch)
-        g_rec = {s: per_block(flat_grad(parts_rec[s], flat, retain=s == "state")) for s in ("state", "recall")}
-        # the reference: the training loss as the model computes it, in a forward pass of its own
-        g_ref = per_block(flat_grad(model(batch.tokens, labels=batch.labels), flat))
-    asked = batch.answer_mask
-    state = batch.masks["state"] & asked
+        g_rec = {s: per_block(flat_grad(parts_rec[s], flat, retain=s == a)) for s in names}
+        # the reference: the whole loss in a forward pass of its own (the model's own loss for two masks)
+        if own_split is None:
+            whole = model(batch.tokens, labels=batch.labels)
+        else:
+            whole = sum(own_split(model(batch.tokens), batch).values())
+        g_ref = per_block(flat_grad(whole, flat))
+    counts: dict[str, int | None] = dict.fromkeys(names)
+    if own_split is None:
+        asked = batch.answer_mask
+        first = batch.masks[a] & asked
+        counts = {a: int(first.sum()), b: int((asked & ~first).sum())}
     return Decomposition(
         g=[{s: g[s][i] for s in g} for i in range(len(theta))],
         g_rec=[{s: g_rec[s][i] for s in g_rec} for i in range(len(theta))],
         g_ref=g_ref,
-        losses={"all": (parts["state"] + parts["recall"]).item(), "state": parts["state"].item(),
-                "recall": parts["recall"].item()},
-        counts={"state": int(state.sum()), "recall": int((asked & ~state).sum())},
+        losses={"all": (losses[a] + losses[b]).item(), a: losses[a].item(), b: losses[b].item()},
+        counts=counts,
+        parts=names,
     )
 
 
