@@ -25,19 +25,20 @@ from probe.core.meta import variant_name
 from probe.core.progress import note, progress_bar, progress_iter
 from probe.core.rows import CONTROL, check_row, control_line
 from probe.core.stats import fraction_above
+from probe.core.task import as_sampler
 from probe.errors import ProbeError
 from probe.memory import PeakMemory, Plan, check_lengths, fit_batch_size, plan_lengths
 from probe.results import FACTORS, SOLVED
 from probe.runner import CheckpointOptions, Command, Report, lengths_option, option, samples_option
 from probe.tasks import SUBTASKS, TaskConfig
-from probe.windows import eval_seed, factor_subtask, state_factors, windows_of
+from probe.windows import eval_seed, evaluate, factor_subtask, state_factors, windows_of
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from probe.models import HookedSequenceModel
 
-__all__ = ["accuracy_at_length", "check_lengths", "eval_seed", "evaluate_checkpoints", "lengthgen_score",
+__all__ = ["accuracy_at_length", "check_lengths", "eval_seed", "evaluate", "evaluate_checkpoints", "lengthgen_score",
            "factor_subtask", "length_curve", "main", "multiples", "parse_lengths", "plot_length_curves", "scores",
            "solved_table", "state_factors", "summary_table", "evaluate_windows", "windows_summary"]
 
@@ -48,6 +49,7 @@ def accuracy_at_length(
     factors: bool = False,
 ) -> dict[str, dict[str, float]]:
     """Token and sequence accuracy per subtask (and ``all``) on ``n_samples`` fresh sequences of one length.
+    ``task``: probe's task or any sampler (``probe.core.task``): each named mask of its batches is a subtask.
 
     ``factors``: also the state answers' accuracy modulo each prime-power factor q of the modulus
     (``state_factors``), as subtasks ``state_mod{q}``: a state answer counts as right modulo q when the predicted
@@ -62,7 +64,9 @@ def accuracy_at_length(
         raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
     device = device or next(model.parameters()).device
     step = forward_batch or batch_size
+    draw = as_sampler(task, "probe.evaluate.accuracy_at_length").sample  # probe's task, or a user's sampler
     qs = state_factors(task.m) if factors else []
+    # probe's subtasks first (their rows exist even where a task asks none); a user's masks join as they come
     right = {s: 0 for s in (*SUBTASKS, "all", *map(factor_subtask, qs))}
     asked = dict(right)
     seq_right = dict(right)
@@ -70,7 +74,7 @@ def accuracy_at_length(
     done, chunk = 0, 0
     while done < n_samples:
         b = min(batch_size, n_samples - done)
-        batch = task.sample(length, b, eval_seed(seed, length, chunk)).to(device)
+        batch = draw(length, b, eval_seed(seed, length, chunk)).to(device)
         pred = torch.cat([model(batch.tokens[i:i + step]).argmax(-1) for i in range(0, b, step)])
         correct = pred == batch.labels
         masks = {**batch.masks, "all": batch.answer_mask}
@@ -84,11 +88,11 @@ def accuracy_at_length(
             masks[factor_subtask(q)] = batch.masks["state"]
         for s, mask in masks.items():
             correct = hits[s]
-            right[s] += int((correct & mask).sum())
-            asked[s] += int(mask.sum())
+            right[s] = right.get(s, 0) + int((correct & mask).sum())
+            asked[s] = asked.get(s, 0) + int(mask.sum())
             has = mask.any(dim=1)
-            seq_right[s] += int(((correct | ~mask).all(dim=1) & has).sum())
-            seq_asked[s] += int(has.sum())
+            seq_right[s] = seq_right.get(s, 0) + int(((correct | ~mask).all(dim=1) & has).sum())
+            seq_asked[s] = seq_asked.get(s, 0) + int(has.sum())
         done += b
         chunk += 1
     return {

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,15 +25,17 @@ import pandas as pd
 import torch
 
 from probe.core.chance import chance
+from probe.core.inputs import check_inputs
 from probe.core.seeds import EVALUATE
+from probe.core.task import IGNORE_INDEX, as_sampler, need_train_length
 from probe.errors import ProbeError
 
 if TYPE_CHECKING:
     from probe.models import HookedSequenceModel
     from probe.tasks import TaskConfig
 
-__all__ = ["WINDOW_MULTIPLES", "Window", "eval_seed", "factor_subtask", "position_counts", "state_factors",
-           "window_chance", "window_key", "window_table", "windows_for", "windows_of"]
+__all__ = ["WINDOW_MULTIPLES", "Window", "eval_seed", "evaluate", "factor_subtask", "label_chance", "position_counts",
+           "state_factors", "window_chance", "window_key", "window_table", "windows_for", "windows_of"]
 
 EVAL_SEED_BASE = EVALUATE
 """Evaluation batches come from seeds far from the training seeds (which are ``seed * 1_000_003 + step``)."""
@@ -134,43 +137,49 @@ def window_chance(task: TaskConfig, subtask: str) -> float:
 
 
 @torch.no_grad()
-def position_counts(model: HookedSequenceModel, task: TaskConfig, length: int, n_samples: int, seed: int,
+def position_counts(model: HookedSequenceModel, task: Any, length: int, n_samples: int, seed: int,
                     batch_size: int = 256, forward_batch: int | None = None, factors: bool = True) -> pd.DataFrame:
-    """Per stream position (1-based) and subtask, over ``n_samples`` sequences of ``length``: answers asked, answers
-    right, and the per-sequence right/asked matrices needed for a window's exact match.
+    """Per stream position (1-based) and named mask, over ``n_samples`` sequences of ``length``: answers asked,
+    answers right, and the per-sequence right/asked matrices needed for a window's exact match.
 
-    Returns ``position, subtask, asked, right`` plus ``seq`` (a (n_samples, length) bool tensor per subtask kept in
-    ``.attrs["matrices"]`` for ``window_table``'s sequence accuracy). Sequences are drawn exactly as
+    ``task``: probe's task or any sampler (``probe.core.task``); each of its batch's masks is a ``subtask`` here
+    (probe's: ``state``, ``recall``; a batch without masks: ``all``, every labelled position). Returns ``position,
+    subtask, asked, right`` plus ``seq`` (a (n_samples, length) bool tensor per subtask kept in
+    ``.attrs["matrices"]`` for ``window_table``'s sequence accuracy) and, in ``.attrs["label_values"]``, how many
+    distinct labels each mask asked (a chance floor for a task that gives none). Sequences are drawn exactly as
     ``probe.evaluate.accuracy_at_length`` draws them for that length and ``seed``, so the two agree at ``length``."""
     if n_samples < 1 or batch_size < 1:
         raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
+    sampler = as_sampler(task, "probe.windows.position_counts")
+    own = sampler.task  # probe's TaskConfig, whose state answers may be residues with factors to score
     device = next(model.parameters()).device
     step = forward_batch or batch_size
     # a task whose state answers are not residues (coupled's are values bound to s_t) has no factors to score
-    qs = state_factors(task.m) if factors and task.residue_answers else []
-    names = ["state", "recall", *map(factor_subtask, qs)]
-    hit_rows: dict[str, list[torch.Tensor]] = {s: [] for s in names}
-    ask_rows: dict[str, list[torch.Tensor]] = {s: [] for s in names}
+    qs = state_factors(own.m) if own is not None and factors and own.residue_answers else []
+    hit_rows: dict[str, list[torch.Tensor]] = {}
+    ask_rows: dict[str, list[torch.Tensor]] = {}
+    values: dict[str, set[int]] = {}
     done, chunk = 0, 0
     while done < n_samples:
         b = min(batch_size, n_samples - done)
-        batch = task.sample(length, b, eval_seed(seed, length, chunk)).to(device)
+        batch = sampler.sample(length, b, eval_seed(seed, length, chunk)).to(device)
         pred = torch.cat([model(batch.tokens[i:i + step]).argmax(-1) for i in range(0, b, step)])
         p = batch.prefix_len
         pred, labels = pred[:, p:], batch.labels[:, p:]
-        masks = {s: batch.masks[s][:, p:] for s in ("state", "recall")}
-        hits = {"state": pred == labels, "recall": pred == labels}
+        masks = {s: m[:, p:] for s, m in batch.masks.items()} or {"all": batch.answer_mask[:, p:]}
+        hits = dict.fromkeys(masks, pred == labels)
         for q in qs:
             # a number token congruent to the answer modulo q; anything else (a key, a value) is wrong
-            hits[factor_subtask(q)] = (pred < task.m) & (pred % q == labels % q)
+            hits[factor_subtask(q)] = (pred < own.m) & (pred % q == labels % q)
             masks[factor_subtask(q)] = masks["state"]
-        for s in names:
-            hit_rows[s].append((hits[s] & masks[s]).cpu())
-            ask_rows[s].append(masks[s].cpu())
+        for s in masks:
+            hit_rows.setdefault(s, []).append((hits[s] & masks[s]).cpu())
+            ask_rows.setdefault(s, []).append(masks[s].cpu())
+            values.setdefault(s, set()).update(labels[masks[s] & (labels != IGNORE_INDEX)].unique().tolist())
         done += b
         chunk += 1
     rows, matrices = [], {}
-    for s in names:
+    for s in hit_rows:
         right, asked = torch.cat(hit_rows[s]), torch.cat(ask_rows[s])
         matrices[s] = (right, asked)
         for t, (a, r) in enumerate(zip(asked.sum(0).tolist(), right.sum(0).tolist(), strict=True), start=1):
@@ -178,14 +187,25 @@ def position_counts(model: HookedSequenceModel, task: TaskConfig, length: int, n
     out = pd.DataFrame(rows)
     out.attrs["matrices"] = matrices
     out.attrs["length"] = length
+    out.attrs["label_values"] = {s: len(v) for s, v in values.items()}
     return out
 
 
-def window_table(counts: pd.DataFrame, task: TaskConfig, train_length: int) -> pd.DataFrame:
+def label_chance(counts: pd.DataFrame, subtask: str) -> float:
+    """The floor of a task that states none: a uniform guess over the distinct labels the mask asked in the
+    evaluation sequences (NaN where it asked nothing)."""
+    n = counts.attrs.get("label_values", {}).get(subtask, 0)
+    return 1.0 / n if n else math.nan
+
+
+def window_table(counts: pd.DataFrame, task: Any, train_length: int,
+                 chance: Mapping[str, float] | None = None) -> pd.DataFrame:
     """One row per (window, subtask): ``window, lo, hi, beyond, subtask, token_acc, seq_acc, n_tokens, chance,
     above_chance_by``. ``token_acc``: answers right / asked at positions in the window; ``seq_acc``: the fraction of
-    sequences that ask the subtask in the window and answer every such question right; ``above_chance_by``:
-    token_acc minus the floor (NaN where nothing was asked)."""
+    sequences that ask the subtask in the window and answer every such question right; ``chance``: ``chance[subtask]``
+    when given, else probe's task's floor (``window_chance``), else ``label_chance``; ``above_chance_by``: token_acc
+    minus the floor (NaN where nothing was asked)."""
+    own = task if hasattr(task, "vocab_size") else getattr(task, "task", None)
     length = int(counts.attrs.get("length", counts.position.max()))
     matrices: dict[str, tuple[torch.Tensor, torch.Tensor]] = counts.attrs.get("matrices", {})
     rows: list[dict[str, Any]] = []
@@ -199,17 +219,38 @@ def window_table(counts: pd.DataFrame, task: TaskConfig, train_length: int) -> p
                 r, a = (x[:, w.lo:w.hi] for x in matrices[subtask])
                 has = a.any(dim=1)
                 seq = float(((r == a).all(dim=1) & has).sum()) / int(has.sum()) if bool(has.any()) else math.nan
-            floor = window_chance(task, str(subtask))
+            if chance and subtask in chance:
+                floor = float(chance[str(subtask)])
+            elif own is not None:
+                floor = window_chance(own, str(subtask))
+            else:
+                floor = label_chance(counts, str(subtask))
             rows.append({"window": w.name, "lo": w.lo, "hi": w.hi, "beyond": w.beyond, "subtask": subtask,
                          "token_acc": acc, "seq_acc": seq, "n_tokens": asked, "chance": floor,
                          "above_chance_by": acc - floor})
     return pd.DataFrame(rows, columns=WINDOW_TABLE_COLUMNS)
 
 
-def windows_of(model: HookedSequenceModel, task: TaskConfig, train_length: int, max_length: int,
+def windows_of(model: HookedSequenceModel, task: Any, train_length: int, max_length: int,
                n_samples: int = 256, seed: int = 0, batch_size: int = 256,
-               forward_batch: int | None = None) -> pd.DataFrame:
+               forward_batch: int | None = None, chance: Mapping[str, float] | None = None) -> pd.DataFrame:
     """``window_table`` of one model on sequences of ``max_length`` (see the module's docstring for why one length
     measures every window)."""
     counts = position_counts(model, task, max_length, n_samples, seed, batch_size, forward_batch)
-    return window_table(counts, task, train_length)
+    return window_table(counts, task, train_length, chance)
+
+
+def evaluate(model: HookedSequenceModel, task: Any, train_length: int | None = None, max_length: int | None = None,
+             n_samples: int = 256, seed: int = 0, batch_size: int = 256,
+             chance: Mapping[str, float] | None = None) -> pd.DataFrame:
+    """Accuracy per named mask and per window of positions beyond the training length, beside each mask's chance
+    floor: the metric of record for any task. ``task``: probe's task or a sampler ``f(length, batch_size, seed)``
+    (``probe.core.task``); ``train_length``: L_train (probe's tasks know theirs); ``max_length``: the length of the
+    evaluation sequences (default 4 x L_train: windows in range, (1x, 2x], (2x, 4x]); ``chance``: a floor per mask
+    name (default: probe's task's, else a uniform guess over the labels each mask asked). Columns as
+    ``window_table``'s, ``subtask`` holding the mask's name."""
+    where = "probe.windows.evaluate"
+    check_inputs(where, forward=model)
+    sampler = as_sampler(task, where, train_length)
+    L = need_train_length(sampler, where, train_length)
+    return windows_of(model, sampler, L, max_length or 4 * L, n_samples, seed, batch_size, chance=chance)
