@@ -12,6 +12,7 @@
 - ``batches``: the training batch of a step (``training_batch``, ``train_batch_seed``).
 - ``state``: what a checkpoint records of its step (gates, learning rate, batch draw) and how analyses read it.
 - ``trainer``: the loop (``Trainer``, ``train``); ``cli``: ``python -m probe.train``.
+- ``live``: a live model (yours from ``probe.wrap``) trained in place on any task's sampler (``train_model``).
 - ``rollout``: a run continued from a snapshot for a few steps, as it was or without attention's gradient path into
   the recurrent sublayers (``continue_run``).
 
@@ -31,6 +32,7 @@ _EXPORTS = {
     **dict.fromkeys(["train_batch_seed", "training_batch"], "batches"),
     **dict.fromkeys(["StepState", "step_state"], "state"),
     **dict.fromkeys(["Trainer", "config_diff", "train"], "trainer"),
+    "train_model": "live",
     **dict.fromkeys(["continue_run", "weight_difference"], "rollout"),
     "main": "cli",
 }
