@@ -93,6 +93,7 @@ ARCHS: dict[str, tuple[str, Fields]] = {
     "granitemoehybrid": ("GraniteMoeHybrid", lambda d, n, v: dict(
         hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
         num_key_value_heads=_heads(d), num_local_experts=0, shared_intermediate_size=2 * d,
+        position_embedding_type="rope",  # the bridge's adapter maps a rotary module, which None leaves out
         layer_types=_alternate(n, "mamba", "attention"), mamba_n_heads=2 * d // 16, mamba_d_head=16,
         mamba_n_groups=1, mamba_d_state=8, mamba_chunk_size=16)),
     "olmo-hybrid": ("OlmoHybrid", lambda d, n, v: dict(

@@ -1,0 +1,156 @@
+"""probe.bridge: hybrids TransformerLens bridges, booted offline and analysed by probe; "can this recurrence count?"."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"  # nothing here may download
+
+pytest.importorskip("transformers")
+pytest.importorskip("tokenizers")
+
+import probe  # noqa: E402
+from probe.bridge import ARCHS, boot, transition_eigenvalues, wrap  # noqa: E402
+from probe.errors import ProbeError  # noqa: E402
+from probe.tasks import make_task  # noqa: E402
+from probe.transitions import can_count, eigen_range  # noqa: E402
+
+FAST = {"mamba2", "qwen3-next"}
+
+
+@pytest.fixture(scope="module")
+def task():
+    return make_task("interleaved", train_length=6)
+
+
+@pytest.mark.parametrize("arch", [pytest.param(a, marks=() if a in FAST else pytest.mark.slow) for a in ARCHS])
+def test_bridged_logits_are_the_transformers_models(arch, task):
+    bridge = boot(arch, task, d_model=32, n_layers=2)
+    tokens = task.sample(6, 2, seed=0).tokens
+    with torch.no_grad():
+        ours, theirs = bridge(tokens), bridge.original_model(tokens, use_cache=False).logits
+    # the bridge delegates every forward to the transformers modules: the same operations, so the same bits
+    assert ours.shape == (2, tokens.shape[1], task.vocab_size)
+    assert torch.equal(ours, theirs)
+
+
+def test_wrap_names_the_bridges_components(task):
+    model = probe.bridge.model("qwen3-next", task)
+    assert model.recurrent_names == ["blocks.0.linear_attn"] and model.attention_names == ["blocks.1.attn"]
+    assert "blocks.0.linear_attn.hook_beta" in model.hook_dict and "hook_logits" in model.hook_dict
+    assert set(model.sublayer_outputs()) == {"blocks.0.linear_attn.hook_out", "blocks.1.attn.hook_out"}
+
+
+@pytest.mark.slow
+def test_nemotron_attention_is_found_by_what_it_wraps(task):
+    # Nemotron-H keys attention and Mamba-2 alike "mixer": the class it wraps tells them apart
+    model = probe.bridge.model("nemotron-h", task)
+    assert model.attention_names == ["blocks.1.mixer"] and model.recurrent_names == ["blocks.0.mixer"]
+
+
+def test_gate_zero_is_attention_output_zeroed(task):
+    model = probe.bridge.model("qwen3-next", task)
+    tokens = task.sample(6, 3, seed=1).tokens
+    with torch.no_grad():
+        zeroed = model.run_with_hooks(tokens, fwd_hooks=[("blocks.1.attn.hook_out", lambda x, hook: 0 * x)])
+        model.set_attention_gate(0.0)
+        gated = model(tokens)
+        model.set_attention_gate(1.0)
+        on = model(tokens)
+    assert torch.equal(gated, zeroed)
+    assert not torch.allclose(on, gated)  # the gate acts: attention contributes when it is on
+    assert model.attention_gates() == [1.0]
+
+
+def test_gradient_split_controls_pass_on_a_bridge(task):
+    # g_rec_two_routes compares the cut at attn.hook_in (stopgrad) with a detached attn.hook_out: a stopgrad that
+    # missed attention's input would make them disagree
+    from probe.gradients import analyze_model
+
+    report = analyze_model(probe.bridge.model("qwen3-next", task), task, lengths=[6], batch_size=8)
+    assert report.controls and all(c["passed"] for c in report.controls)
+
+
+def test_a_block_level_bridge_is_refused_in_one_line(task):
+    with pytest.raises(ProbeError, match="block level only") as e:
+        wrap(boot("recurrentgemma", task))
+    assert "\n" not in str(e.value)
+    with pytest.raises(ProbeError, match="TransformerBridge"):
+        wrap(torch.nn.Linear(2, 2))
+
+
+# --- can this recurrence count? ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["mamba2", pytest.param("mamba", marks=pytest.mark.slow)])
+def test_mamba_transitions_reproduce_the_bridges_state(arch, task):
+    """Instrument check: the transitions read from the hooks, applied to the state the scan wrote one step before,
+    plus the write, give the next state of TransformerLens's own eager scan (a wrong dt or A would not)."""
+    from probe.bridge import eager_scan
+
+    model = probe.bridge.model(arch, task)
+    tokens = task.sample(6, 2, seed=2).tokens
+    a = transition_eigenvalues(model, tokens)["blocks.0.mixer"]
+    with eager_scan(model.components), torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.startswith("blocks.0.mixer.hook_ssm"))
+    state, write = cache["blocks.0.mixer.hook_ssm_state"], cache["blocks.0.mixer.hook_ssm_write"]
+    if arch == "mamba":  # [batch, channel, pos, state] -> [batch, pos, channel, state], as a is
+        state, write = state.transpose(1, 2), write.transpose(1, 2)
+    else:  # [batch, pos, head, head_dim, state]; a is per head
+        a = a[..., None, None]
+    predicted = a[:, 1:] * state[:, :-1] + write[:, 1:]
+    assert torch.allclose(predicted, state[:, 1:], rtol=1e-4, atol=1e-6)
+    assert not torch.allclose(a[:, 1:].sqrt() * state[:, :-1] + write[:, 1:], state[:, 1:], rtol=1e-4, atol=1e-6)
+
+
+def _own_ssm(task, ssm_range):
+    from probe.models import HookedSequenceModel, ModelConfig
+
+    torch.manual_seed(0)
+    return HookedSequenceModel(ModelConfig(family="lstm", rnn="ssm", ssm_range=ssm_range, d_model=16, n_layers=1),
+                               task=task)
+
+
+@pytest.mark.parametrize("ssm_range, can", [("positive", False), ("negative", True), ("complex", True)])
+def test_a_cell_built_to_count_can_and_a_mamba_style_one_cannot(task, ssm_range, can):
+    # from the transitions each model computes on data: the three cells differ only in their transitions' range
+    summary = can_count(_own_ssm(task, ssm_range), task).set_index("layer").loc["all"]
+    assert bool(summary["can_count"]) is can
+    assert bool(summary["max_phase"] >= torch.pi / 5) is can
+
+
+def test_a_bridged_mamba2_cannot_and_its_negated_transitions_can(task):
+    model = probe.bridge.model("mamba2", task)
+    measured = can_count(model, task).set_index("layer").loc["all"]
+    assert measured["range"] == "positive real in (0, 1]" and not measured["can_count"]
+    # the control: the same model's transitions, negated, through the same summary (a Mamba-2's A = -exp(A_log)
+    # and dt > 0 keep exp(dt A) in (0, 1), so its parametrisation cannot be set to reach them)
+    flipped = can_count(model, task, eigenvalues=lambda m, t: {k: -v for k, v in transition_eigenvalues(m, t).items()})
+    assert flipped.set_index("layer").loc["all", "can_count"]
+
+
+def test_eigen_range_names_the_range():
+    assert eigen_range(torch.tensor([0.5, 0.9]), 10)["range"] == "positive real in (0, 1]"
+    assert eigen_range(torch.tensor([0.5, -0.99]), 2)["range"] == "negative real (reaching -1)"
+    rot = torch.polar(torch.ones(3), torch.tensor([0.0, 0.7, 0.1]))  # 0.7 rad > 2 pi / 10
+    r = eigen_range(rot, 10)
+    assert r["range"] == "complex" and r["can_count"]
+    assert not eigen_range(torch.polar(torch.ones(1), torch.tensor([0.5])), 10)["can_count"]  # below 2 pi / 10
+
+
+def test_a_recurrence_without_a_transition_is_refused_in_one_line(task):
+    from probe.bridge import Component, transition_reason
+
+    conv = Component("blocks.0.conv", 0, "conv", torch.nn.Identity())
+    assert "finite window" in transition_reason(conv)
+
+
+# --- the matrix in docs/bridge.md ------------------------------------------------------------------------------------
+@pytest.mark.slow
+def test_the_committed_matrix_is_what_the_code_does():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bridge_matrix
+
+    committed = bridge_matrix.DOC.read_text().partition(bridge_matrix.BEGIN)[2].partition(bridge_matrix.END)[0]
+    assert committed.strip() == bridge_matrix.table(bridge_matrix.matrix()).strip()
