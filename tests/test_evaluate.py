@@ -375,3 +375,18 @@ def test_peak_memory_sees_an_allocation_made_inside_it():
     if peak.method.startswith("ru_maxrss"):
         pytest.skip("no resettable peak on this machine: ru_maxrss growth is only a lower bound")
     assert peak.bytes >= 200 * 2**20, (peak.bytes, peak.method)
+
+
+def test_coupled_answers_are_values_so_windows_score_no_factors_and_chance_is_over_the_values():
+    """coupled's state answers are the values bound to s_t: scored 'mod 2' they were all wrong by construction
+    (a value token is never a number), and their floor was 1/m instead of 1/n_values."""
+    from probe.core.chance import chance
+    from probe.windows import position_counts
+
+    task = make_task("coupled", train_length=5, n_values=16)
+    assert chance(task, "state") == 1 / 16 and chance(make_task("interleaved"), "state") == 1 / 10
+    counts = position_counts(tiny_model("hybrid", task.vocab_size), task, 8, n_samples=4, seed=0)
+    assert set(counts.subtask) == {"state", "recall"}
+    interleaved = make_task("interleaved", train_length=5)
+    counts = position_counts(tiny_model("hybrid", interleaved.vocab_size), interleaved, 8, n_samples=4, seed=0)
+    assert {"state_mod2", "state_mod5"} <= set(counts.subtask), "a residue task still scores its factors"
