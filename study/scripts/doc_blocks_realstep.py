@@ -519,13 +519,14 @@ def realstep_parts(root: Path) -> str:
             if t.empty and b.empty:
                 continue
             lean = b.groupby(RUN).z.agg(lambda z: (z > Z_DETECT).sum() > (z < -Z_DETECT).sum())
+            up = b[b.z > Z_DETECT]
             rows.append([f"{name} (`{part}`)" if i == 0 else "", label, str(d[at].drop_duplicates(SNAPSHOT).shape[0]),
                          pct(d[at].fraction_of_update.median()), updown(t), updown(b),
-                         _e(b[b.z > Z_DETECT].dL.median()), f"{int(lean.sum())} of {len(lean)}"])
+                         _e(up.dL.median()), _g(per_unit(up).median()), f"{int(lean.sum())} of {len(lean)}"])
     text = table(["part", "steps", "snapshots", "share of \\|u\\|, % median",
                   "held-out training loss: raises / lowers (snapshots)",
                   "state loss beyond L: raises / lowers (snapshot-windows)", "beyond L: median change where it raises",
-                  "runs where raises > lowers beyond L"],
+                  "the same per unit of step length", "runs where raises > lowers beyond L"],
                  rows)
     full = train[train.part == "full"]
     if full.empty:
@@ -539,7 +540,90 @@ def realstep_parts(root: Path) -> str:
         "steps and windows of positions, which are not independent.")
 
 
+def per_unit(rows: pd.DataFrame) -> pd.Series:
+    """A part's change of a loss per unit of its own step length (dL / |step|): what a longer step adds by length
+    alone divides out, so parts of different sizes compare (SPEC: a one-step measure is read per unit of step)."""
+    return rows.dL / rows.step_norm
+
+
+def _g(x: float) -> str:
+    return "–" if not np.isfinite(x) else f"{x:.2g}"
+
+
+def parts_reading(data: dict[str, pd.DataFrame]) -> dict[str, object]:
+    """The numbers the parts' reading quotes, from the snapshots no instrument check withholds: per part the raises /
+    lowers of the beyond-range state loss and of the held-out training loss, the runs where raises outnumber lowers,
+    the median change and the median change per unit of step where it raises; and how the beyond-range state loss
+    itself moved from the first snapshot to the last, per run and window of positions."""
+    why = withheld(data)
+    rows = data["realstep"]
+    d = rows[[why.get(tuple(k), "") == "" for k in rows[SNAPSHOT].itertuples(index=False)]]
+    beyond, train = d[(d.loss == "state") & (d.positions != "<=L")], d[d.loss == "train"]
+    out: dict[str, object] = {}
+    for part, _ in PARTS:
+        b, t = beyond[beyond.part == part], train[train.part == part]
+        up = b[b.z > Z_DETECT]
+        lean = b.groupby(RUN).z.agg(lambda z: (z > Z_DETECT).sum() > (z < -Z_DETECT).sum())
+        out[part] = {"up": int((b.z > Z_DETECT).sum()), "down": int((b.z < -Z_DETECT).sum()),
+                     "train_up": int((t.z > Z_DETECT).sum()), "train_down": int((t.z < -Z_DETECT).sum()),
+                     "runs_up": int(lean.sum()), "runs": len(lean), "median_up": float(up.dL.median()),
+                     "unit_up": float(per_unit(up).median()), "share": float(b.fraction_of_update.median())}
+    first, last = min(STEPS), max(STEPS)
+    before = beyond.drop_duplicates(SNAPSHOT + ["positions"]).pivot_table(
+        index=[*RUN, "positions"], columns="step", values="loss_before")
+    if first in before and last in before:
+        moved = (before[last] - before[first]).dropna()
+        out["loss_fell"], out["cells"], out["span"] = int((moved < 0).sum()), len(moved), (first, last)
+    return out
+
+
+def realstep_parts_reading(root: Path) -> str:
+    """What the parts' counts show, and what they do not: descriptive, written after the grid was seen; the
+    momentum term has no baseline matched to it (length and projection on the training-loss gradient)."""
+    data = _read(root)
+    if data is None:
+        return _not_run()
+    r = parts_reading(data)
+    full, mom, att, rnd = r["full"], r["momentum"], r["att"], r["matched_random"]
+
+    def more(x: dict, what: str, key: str = "") -> str:
+        up, down = x[f"{key}up"], x[f"{key}down"]
+        if up == down:
+            return f"raises {what} as often as it lowers it"
+        return (f"raises {what} more often than it lowers it" if up > down else
+                f"lowers {what} more often than it raises it")
+
+    text = (f"- The whole update u {more(full, 'the state loss beyond L')} ({full['up']} raises, {full['down']} "
+            f"lowers, snapshot-windows); its raises outnumber its lowers in {full['runs_up']} of the {full['runs']} "
+            "runs.")
+    if "loss_fell" in r:
+        lo, hi = r["span"]
+        text += (f" From step {lo} to step {hi} the state loss beyond L fell in {r['loss_fell']} of the "
+                 f"{r['cells']} run × window-of-positions cells.")
+    text += (f"\n- The momentum term, stepped alone (median {pct(mom['share'])} % of \\|u\\|), "
+             f"{more(mom, 'that loss')} ({mom['up']} / {mom['down']}; raises outnumber lowers in {mom['runs_up']} of "
+             f"{mom['runs']} runs), and "
+             f"{more(mom, 'the held-out *training* loss', 'train_')} ({mom['train_up']} / "
+             f"{mom['train_down']} snapshots)")
+    text += (": an overshoot along the momentum, not something of the positions beyond range." if
+             mom["train_up"] > mom["train_down"] else ".")
+    text += (f"\n- Per unit of step length (the median of dL / \\|step\\| over the snapshot-windows where each raises "
+             f"the loss beyond L), the raises are {_g(mom['unit_up'])} for the momentum term, {_g(att['unit_up'])} "
+             f"for attention's part and {_g(rnd['unit_up'])} for the matched random step ({_g(full['unit_up'])} for "
+             f"u). The momentum term's raises (median {_e(mom['median_up'])} against attention's "
+             f"{_e(att['median_up'])}) are ")
+    if not (np.isfinite(mom["unit_up"]) and np.isfinite(rnd["unit_up"])):
+        text += "not compared per unit of step: one of the two has no raise to compare."
+    elif mom["unit_up"] > rnd["unit_up"]:
+        text += "larger per unit of step than the matched random step's."
+    else:
+        text += "no larger per unit of step than the matched random step's: their size is the length of its step."
+    return text + ("\n\nA count over pooled snapshot-windows, read after the grid was seen: no test, and no claim "
+                   "beyond these five runs.")
+
+
 BLOCKS: dict[str, Callable[[Path], str]] = {
+    "realstep-parts-reading": realstep_parts_reading,
     "realstep-runs": realstep_runs,
     "realstep-checks": realstep_checks,
     "realstep-windows": realstep_windows,

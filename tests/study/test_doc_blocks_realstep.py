@@ -391,8 +391,32 @@ def test_the_parts_block_counts_each_part_s_raises_and_leaves_out_withheld_snaps
     n = len(R.STEPS)
     # seed 40's first snapshot is withheld: n - 1 of its snapshots are read, n of seed 41's
     assert rows[("the momentum term (`momentum`)", "**all**")] == [
-        str(2 * n - 1), "90.0", f"{n - 1} / {n}", f"{4 * (n - 1)} / {4 * n}", "+5.00e-04", "1 of 2"]
-    assert rows[("attention's part (`att`)", "**all**")][2:] == [f"0 / {2 * n - 1}", "0 / 0", "–", "0 of 2"]
+        str(2 * n - 1), "90.0", f"{n - 1} / {n}", f"{4 * (n - 1)} / {4 * n}", "+5.00e-04", "0.01", "1 of 2"]
+    assert rows[("attention's part (`att`)", "**all**")][2:] == [f"0 / {2 * n - 1}", "0 / 0", "–", "–", "0 of 2"]
     assert rows[("the whole update u (`full`)", "**all**")][2] == f"{n} / 0"
     assert f"raised the held-out training loss (z > 2) in {n} of {n} snapshots (100.0 %)" in text
     assert "Descriptive, not a test" in text
+
+
+@pytest.mark.parametrize(("z_random", "said"), [
+    (3.0, "larger per unit of step than the matched random step's."),  # 5e-4 / 0.05 against 3e-4 / 0.05
+    (8.0, "no larger per unit of step than the matched random step's: their size is the length of its step."),
+    (None, "not compared per unit of step: one of the two has no raise to compare."),
+])
+def test_the_parts_reading_compares_the_momentum_term_per_unit_of_step(S, tmp_path, z_random, said):
+    """The withdrawn reading ("the beyond-range loss rises through the momentum term", "six times attention's part")
+    compared raw sizes of steps of different lengths; the reading now divides by each part's step length and says
+    which way the comparison with the matched random step comes out, from the rows alone."""
+    root = write(S, tmp_path)
+    _edit(root, "realstep", _with_part("momentum", 3.0, 5.0, seeds=(40, 41)))
+    _edit(root, "realstep", _with_part("full", -3.0, -3.0, seeds=(40, 41)))
+    if z_random is not None:
+        _edit(root, "realstep", _with_part("matched_random", -3.0, z_random, seeds=(40, 41)))
+    text = blocks(S, root)["realstep-parts-reading"]
+    n = len(S[0].STEPS)
+    assert f"- The whole update u lowers the state loss beyond L more often than it raises it (0 raises, {8 * n} " \
+           "lowers" in text and "in 0 of the 2 runs" in text
+    assert f"raises the held-out *training* loss more often than it lowers it ({2 * n} / 0 snapshots): an overshoot" \
+        in text
+    assert "the raises are 0.01 for the momentum term" in text and text.split("\n\n")[0].endswith(said)
+    assert "rises through the momentum term" not in text and "no test" in text
