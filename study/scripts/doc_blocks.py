@@ -536,7 +536,9 @@ BLOCKS.update(_FRESH)
 from doc_blocks_coadaptation import BLOCKS as _COADAPTATION  # noqa: E402
 from doc_blocks_realstep import BLOCKS as _REALSTEP  # noqa: E402
 from doc_blocks_ssm import BLOCKS as _SSM  # noqa: E402
+from doc_blocks_transfer import BLOCKS as _TRANSFER  # noqa: E402
 
 BLOCKS.update(_COADAPTATION)
 BLOCKS.update(_SSM)
 BLOCKS.update(_REALSTEP)
+BLOCKS.update(_TRANSFER)
