@@ -14,6 +14,8 @@ time, and its run's log line.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import os
 import platform
 import resource
@@ -125,12 +127,20 @@ def realstep_snapshot(folder: Path) -> Path:
     return folder / "realstep" / "trajectory" / "step_000040.pt"
 
 
-def run(case: Case, tmp: Path) -> tuple[float, float, int]:
+def with_threads(case: Case, threads: int | None) -> Case:
+    """The case at ``--threads threads``, or (None) as a user runs it: no ``--threads``, no thread variables."""
+    args, i = list(case.args), case.args.index("--threads") if "--threads" in case.args else -1
+    if i >= 0:
+        del args[i:i + 2]
+    return dataclasses.replace(case, args=args if threads is None else [*args, "--threads", str(threads)])
+
+
+def run(case: Case, tmp: Path, env: dict[str, str] | None = None) -> tuple[float, float, int]:
     """Wall seconds, CPU seconds (user + system of the child) and exit code of one case."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    done = subprocess.run(case.command(tmp), cwd=ROOT, env={**os.environ, **ONE_THREAD}, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(case.command(tmp), cwd=ROOT, env={**os.environ, **(ONE_THREAD if env is None else env)},
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
@@ -148,15 +158,57 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores, torch {torch.__version__}, Python {platform.python_version()}"
 
 
+@contextlib.contextmanager
+def training_beside(tmp: Path, on: bool):
+    """A training run of the hybrid-joint preset at torch's default threads in the background (a user's other work),
+    stopped on exit; nothing when ``on`` is False."""
+    if not on:
+        yield
+        return
+    proc = subprocess.Popen([sys.executable, "-m", "probe.train", "--preset", "hybrid-joint", "--steps", "1000000",
+                             "--out", str(tmp / "beside"), "--no-progress"], cwd=ROOT, env={**os.environ},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(20)  # past its start-up, into the steps
+        yield
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def compare_threads(cases: list[Case], tmp: Path, beside: bool) -> None:
+    """Each command as a user runs it (its default --threads) against --threads 1 and 2: wall seconds, and the
+    default's time over one thread's (the default should be no slower than one thread: <= 1.10)."""
+    print(f"\n{'command (--no-progress --json), ' + ('beside a training run' if beside else 'no other work'):<60} "
+          f"{'default':>8} {'1 thr':>7} {'2 thr':>7} {'def/1':>6} {'load':>5}")
+    with training_beside(tmp, beside):
+        for case in cases:
+            walls = [run(with_threads(case, t), tmp, env={"MPLBACKEND": "Agg"})[0] for t in (None, 1, 2)]
+            print(f"{case.name:<60} {walls[0]:8.1f} {walls[1]:7.1f} {walls[2]:7.1f} {walls[0] / walls[1]:6.2f} "
+                  f"{os.getloadavg()[0]:5.1f}", flush=True)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--group", nargs="+", default=["default"], choices=["default", "options", "long"])
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="cases whose name starts so")
+    parser.add_argument("--threads", choices=["idle", "beside", "both"], default=None,
+                        help="instead of the CPU table: each command at its default --threads, 1 and 2, with no other "
+                             "work started (idle: run it on an idle machine) and/or beside a training run")
     args = parser.parse_args(argv)
     cases = [c for c in CASES if c.group in args.group and (not args.only or any(c.name.startswith(o)
                                                                                   for o in args.only))]
     torch.set_num_threads(1)
     print(f"machine: {machine()}")
+    if args.threads:
+        print(f"load average at start: {os.getloadavg()[0]:.1f}")
+        with tempfile.TemporaryDirectory() as folder:
+            tmp = Path(folder)
+            if any(c.name == "transitions" for c in cases):
+                ssm_checkpoint(tmp)
+            for beside in {"idle": [False], "beside": [True], "both": [False, True]}[args.threads]:
+                compare_threads(cases, tmp, beside)
+        return 0
     print(f"load average at start: {os.getloadavg()[0]:.1f} (above 0: other work shares the cores, so wall times "
           "are slow; CPU times and ratios hold)")
     units = {name: forward_backward_seconds(name) for name in dict.fromkeys(c.reference for c in cases)}
