@@ -530,9 +530,13 @@ from doc_blocks_long import BLOCKS as _LONG  # noqa: E402
 
 BLOCKS.update(_DEEP)
 BLOCKS.update(_LONG)
+from doc_blocks_claims import BLOCKS as _CLAIMS  # noqa: E402
+from doc_blocks_findings import BLOCKS as _FINDINGS  # noqa: E402
 from doc_blocks_fresh import BLOCKS as _FRESH  # noqa: E402
 
 BLOCKS.update(_FRESH)
+BLOCKS.update(_CLAIMS)
+BLOCKS.update(_FINDINGS)
 from doc_blocks_coadaptation import BLOCKS as _COADAPTATION  # noqa: E402
 from doc_blocks_realstep import BLOCKS as _REALSTEP  # noqa: E402
 from doc_blocks_ssm import BLOCKS as _SSM  # noqa: E402

@@ -206,7 +206,8 @@ def _recipe_limits(runs: pd.DataFrame) -> str:
             falls["mod 5"] += 1
     mod5_only = falls["mod 5"]
     text = (f"\n\nWhere `hybrid-recipe` misses the target ({len(fail)} of {len(r)} runs), it misses it first in "
-            f"(2x, 4x] in {counts[EARLY]} and only in (8x, 16x] in {counts[LATE]}. In {mod5_only} of them the mod-5 "
+            f"(2x, 4x] in {counts[EARLY]} and only in (8x, 16x] in {counts[LATE]}. {_early_depth(fail)} "
+            f"In {mod5_only} of them the mod-5 "
             "part of the state is below that window's bar while parity stays at 99 % or more")
     if parity_low:
         low = min(parity_low)
@@ -215,6 +216,28 @@ def _recipe_limits(runs: pd.DataFrame) -> str:
     text += f". Recall is at least {pct(fail.recall_win_8x_16x.min())} % in (8x, 16x] in every one of them"
     return text + (": the mod-5 part of the counter is what limits it, in most runs." if 2 * mod5_only > len(fail)
                    else ".")
+
+
+def _early_depth(fail: pd.DataFrame) -> str:
+    """How far the runs that miss first in (2x, 4x] fall there: below HOLDS (lost there), or between HOLDS and the
+    window's 99 % bar (a narrow miss), and then what they keep in (8x, 16x]."""
+    w, bar, label = EARLY
+    early = fail[fail[[f"state_win_{w}", f"recall_win_{w}"]].min(axis=1) < bar]
+    if early.empty:
+        return ""
+    state = early[f"state_win_{w}"]
+    low, near = early[state < HOLDS], early[state >= HOLDS]
+
+    def span(x: pd.Series) -> str:
+        lo, hi = pct(x.min()), pct(x.max())
+        return f"{lo} %" if lo == hi else f"{lo}–{hi} %"
+
+    text = f"Of those {len(early)}, {len(low)} fall below {pct(HOLDS)} % in {label}" + (
+        f" ({span(low[f'state_win_{w}'])})" if len(low) else "")
+    if len(near):
+        text += (f"; {len(near)} miss the {pct(bar)} % bar there narrowly ({span(near[f'state_win_{w}'])}) and lose "
+                 f"more of the state beyond 4x ({span(near.state_win_8x_16x)} in (8x, 16x])")
+    return text + "."
 
 
 def _long_window(long: pd.DataFrame) -> pd.Series:
@@ -266,7 +289,26 @@ def fresh_replay(root: Path) -> str:
         text += (f"\n\nFresh (bf16) against {name}, post hoc (a family of {family}; {n_f} vs {n} seeds): {k_f} of "
                  f"{n_f} against {k} of {n}, difference of rates {100 * (k_f / n_f - k / n):+.0f} points "
                  f"[{100 * lo:+.0f}, {100 * hi:+.0f}], {test}.")
-    return text
+    return text + _machine_or_seed(against, ps, k_f, n_f)
+
+
+def _machine_or_seed(against: list[tuple[str, int, int]], ps: list[float], k_f: int, n_f: int) -> str:
+    """What `replay` can say about machine against seed: had the machine decided, its seeds retrained on the fresh
+    grid's machine would hold at about the fresh rate; the chance that all of them fail even so is (1 - k_f/n_f)^n.
+    Said only when `replay` holds no seed and its test detects nothing, the case the grid landed in."""
+    at = [i for i, (name, _, _) in enumerate(against) if name == "`replay`"]
+    if not at or not n_f:
+        return ""
+    _, k, n = against[at[0]]
+    p = ps[at[0]]
+    if k or (np.isfinite(p) and p < 0.05):
+        return ""
+    rate = k_f / n_f
+    return (f"\n\nMachine or seed: had the machine decided, the {n} `replay` seeds would hold here at about the fresh "
+            f"bf16 rate ({k_f} of {n_f}); 0 of {n} would still come out with probability {1 - rate:.1f}^{n} = "
+            f"{(1 - rate) ** n:.2f}. No difference is detected, and at {n} against {n_f} seeds this design cannot "
+            "separate the machine from the seeds; `long`'s values are estimates, and per seed the outcome is not "
+            "reproduced across CPUs.")
 
 
 def fresh_status(root: Path) -> str:

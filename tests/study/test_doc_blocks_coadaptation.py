@@ -270,13 +270,16 @@ def _write_fp32(root: Path, spec: dict, seeds=SEEDS, precision: str = "fp32", rn
     return root
 
 
-def test_the_ends_are_confirmed_in_both_precisions_only_when_fp32_separates_them_too(D, tmp_path):
+def test_the_ends_are_re_measured_in_fp32_only_when_fp32_separates_them_too(D, tmp_path):
     B, _ = D
     root = _write_fp32(_write(tmp_path, D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS})
     r = B.precision_reading(root)
-    assert r.reading == "confirmed" and r.comparison.direction == "below" and r.comparison.family == 1
+    assert r.reading == "re-measured" and r.comparison.direction == "below" and r.comparison.family == 1
     text = B.coadaptation_fp32(root)
-    assert "**Confirmed in both precisions" in text and "Provisional" not in text  # both grids complete
+    # the twin reuses the bf16 seeds: a re-measurement, never called a confirmation or a replication of it
+    assert "**Re-measured in fp32 on the same seeds (not a replication)" in text and "Provisional" not in text
+    assert "A replication on fresh fp32 seeds, which the bf16 grid never used, has not been run." in text
+    assert "Confirmed in both precisions" not in text and "it re-measures the bf16 result" in text
     assert text.startswith("| seed | `joint` bf16 | `joint` fp32 | `stopgrad-rnn0` bf16 | `stopgrad-rnn0` fp32 |")
     # fp32 runs whose cut holds no better than joint: not confirmed, and not said to differ between precisions
     same = _write_fp32(_write(tmp_path / "same", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HARMS})
@@ -301,7 +304,7 @@ def test_fp32_ends_too_few_to_test_are_pending_and_provisional(D, tmp_path):
     # 4 vs 4 is the smallest design a single test can decide (exact p at least 2/70)
     four = _write_fp32(_write(tmp_path / "four", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS},
                        seeds=SEEDS[:4])
-    assert B.precision_reading(four).reading == "confirmed"
+    assert B.precision_reading(four).reading == "re-measured"
     # a reading on half the twin is labelled as such, never shown as the final one
     text = B.coadaptation_fp32(four)
     assert "Provisional (16 of the 16 bf16 runs of the ends committed; 8 of the 16 fp32 runs" in text
@@ -344,12 +347,12 @@ def test_the_front_page_paragraph_quotes_the_blocks_numbers_and_each_seed_that_f
     part = B.coadaptation_readme(_write(tmp_path / "part", D, _spec(), seeds=SEEDS[:6]))
     assert "48 of its 64 runs committed" in part and "(rule R6 (e), provisional)" in part
     both = _write_fp32(_write(tmp_path / "both", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS})
-    assert "In fp32 (rule R8): Confirmed in both precisions" in B.coadaptation_readme(both)
+    assert "In fp32 (rule R8): Re-measured in fp32 on the same seeds (not a replication)" in B.coadaptation_readme(both)
     # half the twin: its reading is labelled provisional here as in the fp32 block
     half = _write_fp32(_write(tmp_path / "half", D, _spec()), {"joint": HARMS, "stopgrad-rnn0": HOLDS},
                        seeds=SEEDS[:4])
     assert ("In fp32 (rule R8): Provisional (16 of the 16 bf16 runs of the ends committed; 8 of the 16 fp32 runs of "
-            "the ends committed): Confirmed in both precisions") in B.coadaptation_readme(half)
+            "the ends committed): Re-measured in fp32 on the same seeds") in B.coadaptation_readme(half)
     # every p it quotes names its family and design, as tests/study/test_reachable_p.py asks of a rendered sentence
     spec = importlib.util.spec_from_file_location("reachable_p", Path(__file__).with_name("test_reachable_p.py"))
     reachable = importlib.util.module_from_spec(spec)

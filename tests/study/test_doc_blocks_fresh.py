@@ -69,3 +69,29 @@ def test_the_recipe_s_limit_names_the_window_and_the_factor_where_its_runs_miss(
         "bar too; lowest 70.0 % in (8x, 16x], joint4-fp32, seed 11)" in text and text.endswith("in most runs.")
     runs.loc[joint4, "state_mod2_win_2x_4x"] = 0.5  # now parity is what falls first: no mod-5 conclusion
     assert F.fresh_recipe(ROOT).endswith("in every one of them.")
+
+
+def test_the_recipe_s_misses_say_how_far_they_fall_in_2x_4x(F, monkeypatch):
+    """"Losing mod 5 mostly in (2x, 4x]" counted the first window that misses 99 %; the sentence now says how many
+    of those fall below 95 % there and how many miss narrowly and lose more beyond 4x."""
+    runs = _runs(F, 1.0)
+    j = runs.variant.str.startswith("joint4-")
+    runs.loc[j & (runs.seed == 10), ["state_win_2x_4x", "state_mod5_win_2x_4x"]] = 0.4  # lost in (2x, 4x]
+    near = j & runs.seed.isin([11, 12])  # narrow misses: 96-98 % there, far lower beyond 4x
+    runs.loc[near, ["state_win_2x_4x", "state_mod5_win_2x_4x"]] = 0.97
+    runs.loc[near, ["state_win_8x_16x", "state_mod5_win_8x_16x"]] = 0.7
+    monkeypatch.setattr(F, "_fresh", lambda root: runs)
+    text = F.fresh_recipe(ROOT).split("\n")[-1]
+    assert "(6 of 20 runs)" in text and "first in (2x, 4x] in 6" in text
+    assert "Of those 6, 2 fall below 95.0 % in (2x, 4x] (40.0 %); 4 miss the 99.0 % bar there narrowly (97.0 %) and " \
+        "lose more of the state beyond 4x (70.0 % in (8x, 16x])." in text
+
+
+def test_the_replay_says_what_it_cannot_separate(F, monkeypatch):
+    """0 of 5 replayed against 3 of 10 fresh: no difference detected, so machine and seed are not told apart (the
+    retracted reading was "not the machine"). A replay that held seeds would not get the sentence."""
+    text = F._machine_or_seed([("`long`", 0, 10), ("`replay`", 0, 5)], [0.21, 0.505], 3, 10)
+    assert "0 of 5 would still come out with probability 0.7^5 = 0.17" in text
+    assert "cannot separate the machine from the seeds" in text and "not the machine" not in text
+    assert F._machine_or_seed([("`replay`", 2, 5)], [0.6], 3, 10) == ""
+    assert F._machine_or_seed([("`replay`", 0, 5)], [0.01], 9, 10) == ""  # a detected difference says more

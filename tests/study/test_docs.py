@@ -49,12 +49,17 @@ def test_committed_text_matches_results():
 
 def test_readme_is_a_front_page():
     """What probe is, the two commands, the API, the commands, a findings slot and links: no results table (those are
-    study/README.md's), and the Python use before the findings."""
+    study/README.md's), and the Python use before the findings. The findings are the one rendered block (five lines
+    from the committed results, so they cannot drift from them)."""
     text = (ROOT / "README.md").read_text()
     assert len(text.splitlines()) <= 100
-    assert "<!-- render:" not in text, "README.md renders results: they belong in study/README.md"
+    assert re.findall(r"<!-- render:([\w-]+) -->", text) == ["readme-findings"], \
+        "README.md renders only its findings: results tables belong in study/README.md"
     assert text.count("<!-- test-command -->") == 1  # .ci/run runs the block after it
     assert text.count("<!-- findings -->") == 1 and text.count("<!-- /findings -->") == 1
+    slot = text[text.index("<!-- findings -->"):text.index("<!-- /findings -->")]
+    assert "<!-- render:readme-findings -->" in slot and "<!-- /render:readme-findings -->" in slot
+    assert "\n|" not in slot, "the findings hold no table"
     assert text.index("```python") < text.index("## Findings")
 
 
