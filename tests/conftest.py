@@ -1,14 +1,10 @@
-"""Shared fixtures: tiny models and checkpoints that build in milliseconds, a clean plotting environment, and the
-study's scripts as modules."""
+"""Shared fixtures: tiny models and checkpoints that build in milliseconds, and a clean plotting environment. The
+study's tests, which import its scripts, are apart: study/tests/conftest.py."""
 
 from __future__ import annotations
 
-import importlib
 import os
-import sys
 import tempfile
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -96,23 +92,3 @@ def assert_fused_matches_unrolled(cell, x: torch.Tensor, w: torch.Tensor, label:
         scale = ref.abs().max().clamp(min=1e-2)
         err = float((fast - ref).abs().max() / scale)
         assert err < tol, f"{label} {what}: max error {err:.2e} of the scale {float(scale):.2e}"
-
-
-STUDY_SCRIPTS = Path(__file__).resolve().parents[1] / "study" / "scripts"
-
-
-def _import_scripts(*names: str) -> ModuleType | tuple[ModuleType, ...]:
-    # the study's scripts are modules beside each other, not a package: they import one another by bare name
-    # (``from doc_format import ...``), so their folder is on the path while they load, and only then
-    sys.path.insert(0, str(STUDY_SCRIPTS))
-    try:
-        modules = tuple(importlib.import_module(name) for name in names)
-    finally:
-        sys.path.remove(str(STUDY_SCRIPTS))
-    return modules[0] if len(modules) == 1 else modules
-
-
-@pytest.fixture(scope="session")
-def study_scripts():
-    """``study_scripts("doc_blocks_fresh")``: that module of study/scripts/ (several names: a tuple of them)."""
-    return _import_scripts

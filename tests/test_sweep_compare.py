@@ -1,5 +1,5 @@
 """Seed-level statistics against slow obvious oracles and scipy, and variant comparisons (the committed mechanism
-table is recomputed in tests/study/test_mechanism_table.py)."""
+table is recomputed in study/tests/test_mechanism_table.py)."""
 
 from __future__ import annotations
 

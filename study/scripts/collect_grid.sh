@@ -9,7 +9,7 @@
 #      for coadaptation2, the placebo's per-step cap log summarised per run (study/scripts/placebo_cap.py into
 #      study/results/NAME/placebo_cap.csv; collect keeps those lines out of training.csv);
 #   4. every rendered table of README.md, docs/ and study/docs/ (study/scripts/render_docs.py);
-#   5. the size budget of study/results/ (tests/study/test_results_size.py) and the reachable-p rule.
+#   5. the size budget of study/results/ (study/tests/test_results_size.py) and the reachable-p rule.
 # It reads the run folders only: a sweep still training in runs/NAME goes on undisturbed. Nothing is committed.
 # Usage: study/scripts/collect_grid.sh NAME [RUNS_DIR]   (RUNS_DIR default runs/NAME)
 set -euo pipefail
@@ -36,6 +36,6 @@ case $name in
 esac
 rm -f "$out/results.json" "$out/claims.json"  # the tables are committed as results.md and claims.md
 $PY study/scripts/render_docs.py
-$PY -m pytest -q -p no:cacheprovider tests/study/test_results_size.py tests/study/test_reachable_p.py \
-  tests/study/test_docs.py
+$PY -m pytest -q -p no:cacheprovider study/tests/test_results_size.py study/tests/test_reachable_p.py \
+  study/tests/test_docs.py
 git status --short -- "$out" figures README.md docs study/docs study/README.md

@@ -4,7 +4,7 @@ that tell co-adaptation from "a mismatched injected gradient harms"): each a fun
 Co-adaptation, the reading under test: the joint hybrid's cliff comes from block 0's LSTM learning through an
 attention that is itself learning. The rules below were written, here and in study/docs/mechanism.md, before any run
 of the grid existed, except R8 (its fp32 twin), written after the bf16 ends had separated provisionally and before
-any run of the twin; the blocks apply them and nothing else (tests/study/test_doc_blocks_coadaptation.py checks that
+any run of the twin; the blocks apply them and nothing else (study/tests/test_doc_blocks_coadaptation.py checks that
 the two texts agree and that every verdict is reachable).
 
 Measures, per seed. Beyond range: the state's token accuracy at stream positions in (2x, 4x] (windows.csv, the

@@ -291,7 +291,7 @@ _EXTENSION_COPIES = {"set", "eval_lengths", "eval_factors", "order"}
 def extension_toml(qualifying: list[str]) -> str:
     """The extension's sweep file: the screen's settings, seeds 53-59, the qualifying variants only (each variant
     of sweeps/ssm_boundary.toml is named after its preset). Rendered from the screen's results and its sweep
-    file's settings, not read from a committed extension: tests/study/test_doc_blocks_ssm.py checks that a committed
+    file's settings, not read from a committed extension: study/tests/test_doc_blocks_ssm.py checks that a committed
     study/sweeps/ssm_boundary10.toml is this text."""
     plan = BOUNDARY_PLAN
     uncopied = sorted(set(plan) - _EXTENSION_COPIES - {"name", "seeds", "variant"})

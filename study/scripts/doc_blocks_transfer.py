@@ -3,10 +3,10 @@ cut on two task variants, pre-registered in claims_transfer.toml): each a functi
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pandas as pd
+import tomllib
 
 GRID = "transfer"
 WINDOWS = [("in range", "0x_1x"), ("(1x, 2x]", "1x_2x"), ("(2x, 4x]", "2x_4x"), ("(4x, 8x]", "4x_8x"),

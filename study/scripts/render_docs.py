@@ -25,9 +25,12 @@ def documents(root: Path) -> list[Path]:
             *sorted((root / "study" / "docs").glob("*.md"))]
 
 
-def render_text(text: str, blocks: dict[str, Callable[[Path], str]], root: Path, where: str) -> str:
+def render_text(text: str, blocks: dict[str, Callable[[Path], str]], root: Path, where: str,
+                only: set[str] | None = None) -> str:
     def fill(m: re.Match[str]) -> str:
         name = m.group("name")
+        if only is not None and name not in only:
+            return m.group(0)
         if name not in blocks:
             raise SystemExit(f"{where}: unknown render block {name!r}; known: {', '.join(sorted(blocks))}")
         body = blocks[name](root).rstrip("\n") + "\n"
@@ -41,11 +44,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--check", action="store_true",
                    help="write nothing; exit 1 and show a diff if a committed block differs from study/results/")
     p.add_argument("--root", type=Path, default=ROOT, help="repository root (default: this checkout)")
+    p.add_argument("--block", action="append", default=None, metavar="NAME",
+                   help="render or check only this block (repeatable; a full render takes minutes of CPU)")
     args = p.parse_args(argv)
+    only = set(args.block) if args.block else None
+    if only and (unknown := only - set(doc_blocks.BLOCKS)):
+        p.error(f"unknown block(s) {', '.join(sorted(unknown))}")
     stale = []
     for path in documents(args.root):
         text = path.read_text()
-        new = render_text(text, doc_blocks.BLOCKS, args.root, str(path.relative_to(args.root)))
+        new = render_text(text, doc_blocks.BLOCKS, args.root, str(path.relative_to(args.root)), only)
         if new == text:
             continue
         stale.append(path)

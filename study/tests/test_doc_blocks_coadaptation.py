@@ -353,7 +353,7 @@ def test_the_front_page_paragraph_quotes_the_blocks_numbers_and_each_seed_that_f
                        seeds=SEEDS[:4])
     assert ("In fp32 (rule R8): Provisional (16 of the 16 bf16 runs of the ends committed; 8 of the 16 fp32 runs of "
             "the ends committed): Re-measured in fp32 on the same seeds") in B.coadaptation_readme(half)
-    # every p it quotes names its family and design, as tests/study/test_reachable_p.py asks of a rendered sentence
+    # every p it quotes names its family and design, as study/tests/test_reachable_p.py asks of a rendered sentence
     spec = importlib.util.spec_from_file_location("reachable_p", Path(__file__).with_name("test_reachable_p.py"))
     reachable = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(reachable)
