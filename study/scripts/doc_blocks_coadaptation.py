@@ -596,8 +596,8 @@ def _cap_summary(cap: pd.DataFrame) -> str:
 # --- the ends in fp32 (R8) ------------------------------------------------------------------------------------------
 ENDS = (JOINT, CUT)
 REMEASURED = "Re-measured in fp32 on the same seeds (not a replication)"
-"""R8's positive reading as SPEC section 7 names it: the twin trains the bf16 grid's seeds with the same
-initialisations and batches in another precision."""
+"""R8's positive reading, named for what it is: the twin trains the bf16 grid's seeds with the same initialisations
+and batches in another precision, so it re-measures the bf16 result and does not replicate it."""
 NO_REPLICATION = "A replication on fresh fp32 seeds, which the bf16 grid never used, has not been run."
 
 
@@ -619,8 +619,8 @@ def fp32_values(root: Path) -> tuple[pd.DataFrame, pd.DataFrame] | None:
 class PrecisionReading:
     reading: str
     """"re-measured", "not confirmed", "pending" or "not read". R8 as registered calls its first outcome "confirmed in
-    both precisions"; the twin reuses the bf16 grid's seeds, initialisations and batches, so by SPEC section 7 it
-    re-measures the bf16 result in another precision and does not replicate it: the reading is named for that."""
+    both precisions"; the twin reuses the bf16 grid's seeds, initialisations and batches, so it re-measures the bf16
+    result in another precision and does not replicate it: the reading is named for that."""
     comparison: Comparison | None
     text: str
 

@@ -542,7 +542,7 @@ def realstep_parts(root: Path) -> str:
 
 def per_unit(rows: pd.DataFrame) -> pd.Series:
     """A part's change of a loss per unit of its own step length (dL / |step|): what a longer step adds by length
-    alone divides out, so parts of different sizes compare (SPEC: a one-step measure is read per unit of step)."""
+    alone divides out, so parts of different sizes compare (a one-step measure is read per unit of step)."""
     return rows.dL / rows.step_norm
 
 
