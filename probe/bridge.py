@@ -31,6 +31,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from probe.core.gates import attribute_set
 from probe.errors import ProbeError
 from probe.wrapped import WrappedConfig, WrappedModel
 
@@ -339,15 +340,8 @@ class BridgedModel(WrappedModel):
 
     @contextlib.contextmanager
     def attention_detached(self, which: Sequence[int] | None = None) -> Iterator[None]:
-        gates = [g for i, g in enumerate(self.gates) if which is None or i in which]
-        before = [g.stopgrad for g in gates]
-        for g in gates:
-            g.stopgrad = True
-        try:
+        with attribute_set([g for i, g in enumerate(self.gates) if which is None or i in which], "stopgrad", True):
             yield
-        finally:
-            for g, v in zip(gates, before, strict=True):
-                g.stopgrad = v
 
     def sublayer_outputs(self) -> dict[str, Any]:
         from probe.models.hooked import Sublayer
@@ -402,15 +396,8 @@ def eager_scan(comps: Sequence[Component]) -> Iterator[None]:
     """TransformerLens's opt-in Python scan on each Mamba / Mamba-2 mixer: transformers' own scan reads ``dt_proj``'s
     weight and the convolution without calling them, so their hooks fire only on this path (its logits agree with
     the fused path's to float rounding, measured 4e-7 here)."""
-    mixers = [c.module for c in comps if c.kind in ("mamba", "mamba2")]
-    before = [m.eager_scan for m in mixers]
-    for m in mixers:
-        m.eager_scan = True
-    try:
+    with attribute_set([c.module for c in comps if c.kind in ("mamba", "mamba2")], "eager_scan", True):
         yield
-    finally:
-        for m, v in zip(mixers, before, strict=True):
-            m.eager_scan = v
 
 
 @torch.no_grad()

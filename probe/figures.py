@@ -29,6 +29,7 @@ import pandas as pd
 
 from probe.core.stats import t_interval
 from probe.core.tables import pipe_row, pipe_table
+from probe.training.legacy import ALIASES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -36,12 +37,14 @@ if TYPE_CHECKING:
 READER_NAMES: dict[str, str] = {
     "lstm": "LSTM", "transformer": "Transformer", "hybrid-joint": "hybrid, joint", "hybrid-dat": "hybrid, DAT",
     "hybrid-4block-joint": "4-block hybrid, joint", "hybrid-4block-dat": "4-block hybrid, DAT",
-    "joint": "joint", "dat": "DAT", "delayed": "DAT", "stopgrad": "stop-gradient",
+    "joint": "joint", "dat": "DAT", "stopgrad": "stop-gradient",
     "stopgrad-rnn": "stop-gradient (LSTM)",
     "state": "state (running sum)", "recall": "recall", "state_mod2": "parity of the state (mod 2)",
     "bf16": "bfloat16 training", "fp32": "float32 training",
 }
 """probe's own names (presets, schedules, subtasks, precisions) as a caption would write them."""
+# an old record's schedule names (DAT was once "delayed") read as today's: legacy.py is the one place that spells them
+READER_NAMES.update({old: READER_NAMES[new] for old, new in ALIASES.items()})
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 LINESTYLES = ("-", "--", ":", "-.", (0, (5, 1, 1, 1)), (0, (1, 1)), (0, (3, 1, 1, 1, 1, 1)), (0, (8, 2)))

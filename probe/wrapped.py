@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from transformer_lens import HookedRootModule
 from transformer_lens.hook_points import HookPoint
 
+from probe.core.gates import attribute_set
 from probe.errors import ProbeError
 from probe.models.gru import HookedGRU
 from probe.models.hooked import Sublayer, resolve_return_type
@@ -582,14 +583,8 @@ class WrappedModel(HookedRootModule):
         """Within the block, the inputs of the ``which``-th named attention modules (None: every one) are detached
         (``set_attention_stopgrad``; what a schedule's gradient cut acts through); restored on exit."""
         sites = [s for i, s in enumerate(self._attention_sites()) if which is None or i in which]
-        before = [s.stopgrad for s in sites]
-        for site in sites:
-            site.stopgrad = True
-        try:
+        with attribute_set(sites, "stopgrad", True):
             yield
-        finally:
-            for site, v in zip(sites, before, strict=True):
-                site.stopgrad = v
 
     def attention_parameters(self) -> list[nn.Parameter]:
         """Parameters of the named attention modules: what DAT holds back."""

@@ -1,4 +1,5 @@
-"""Attention gates as a context manager: set them for a block of code, get the previous ones back on exit."""
+"""Attention gates as a context manager: set them for a block of code, get the previous ones back on exit (and the
+same for any attribute of a few objects: a stop-gradient flag, a scan switch)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,17 @@ def attention_gates(model: Any, value: float | Sequence[float] | None) -> Iterat
     finally:
         if before:
             model.set_attention_gate(before)
+
+
+@contextlib.contextmanager
+def attribute_set(objects: Sequence[Any], name: str, value: Any) -> Iterator[None]:
+    """Within the block every object's ``name`` is ``value``; each object's previous value comes back on exit, also
+    on an exception."""
+    before = [getattr(o, name) for o in objects]
+    for o in objects:
+        setattr(o, name, value)
+    try:
+        yield
+    finally:
+        for o, v in zip(objects, before, strict=True):
+            setattr(o, name, v)
