@@ -178,7 +178,7 @@ def test_ray_executor_without_ray_says_how_to_install_it(tmp_path, capsys, monke
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now fails as if it were not installed
     assert main(["--preset", "lstm", "--seeds", "0", "--out", str(tmp_path), "--executor", "ray"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and 'pip install -e ".[ray]"' in err
+    assert err.count("\n") == 1 and "pip install 'probe-hybrids[ray]'" in err
 
 
 # --- executors: bit identity, failing runs, killed workers ----------------------------------------------------
