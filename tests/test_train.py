@@ -48,6 +48,13 @@ def tiny_cfg(**kw) -> TrainConfig:
     return TrainConfig(**{**base, **kw})
 
 
+def _notes(err: str) -> list[str]:
+    """stderr's lines less the trainer's warnings that a run of a few steps cannot fit (its warm-up is most of the
+    run, it ends at chance), which every tiny run here gets (tests/test_training.py tests those)."""
+    fits = ("warning: the warm-up", "warning: the run ends near chance")
+    return [line for line in err.splitlines() if not line.startswith(fits)]
+
+
 def variant(name: str, **timing) -> ScheduleConfig:
     return ScheduleConfig(**VARIANTS[name], **timing)
 
@@ -871,7 +878,7 @@ def test_bf16_on_a_cpu_without_native_bf16_keeps_the_recurrence_in_fp32(tmp_path
     cfg = tiny_cfg(precision="bf16", steps=4, eval_every=4, ckpt_every=4, traj_every=4)
     final = train(MODEL, TASK, cfg, tmp_path / "run", progress=False)
     err = capsys.readouterr().err
-    assert err.count("recurrent sublayers kept in fp32") == 1 and err.count("\n") == 1
+    assert err.count("recurrent sublayers kept in fp32") == 1 and len(_notes(err)) == 1
     assert final.extra["precision_used"] == "bf16+fp32-recurrence" and final.train_config["precision"] == "bf16"
     assert math.isfinite(final.metrics["loss"])  # neither NaN nor inf
     trainer = Trainer(MODEL, TASK, cfg, tmp_path / "t", progress=False)
@@ -1085,7 +1092,7 @@ def test_threads_setting_is_applied_and_oversubscription_noted(tmp_path, capsys,
     finally:
         torch.set_num_threads(before)
     err = capsys.readouterr().err
-    assert "train.threads=2 but this process may use 1 CPU(s)" in err and err.count("\n") == 1
+    assert "train.threads=2 but this process may use 1 CPU(s)" in err and len(_notes(err)) == 1
 
 
 # --- CLI --------------------------------------------------------------------------------------------------------------
