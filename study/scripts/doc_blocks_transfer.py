@@ -8,6 +8,9 @@ from pathlib import Path
 import pandas as pd
 import tomllib
 
+from probe.core.chance import chance
+from probe.tasks import make_task
+
 GRID = "transfer"
 WINDOWS = [("in range", "0x_1x"), ("(1x, 2x]", "1x_2x"), ("(2x, 4x]", "2x_4x"), ("(4x, 8x]", "4x_8x"),
            ("(8x, 16x]", "8x_16x")]
@@ -27,12 +30,16 @@ def _runs(root: Path) -> pd.DataFrame:
 
 
 def _chance(root: Path) -> dict[tuple[str, str], float]:
-    path = root / "study" / "results" / GRID / "windows.csv"
-    if not path.is_file():
-        return {}
-    w = pd.read_csv(path)
-    w["task"] = w.variant.str.split("-").str[0]
-    return w.groupby(["task", "subtask"]).chance.first().to_dict()
+    """Each task's floors, from the task each variant trains (its sweep entry), by probe's own rule: the runs'
+    windows.csv carries the floor of the code that evaluated them, and coupled's was 1/m before it became 1/n_values."""
+    sweep = tomllib.loads((root / "study" / "sweeps" / f"{GRID}.toml").read_text())
+    out = {}
+    for v in sweep["variant"]:
+        fields = dict(item.removeprefix("task.").split("=", 1) for item in v.get("set", []) if item.startswith("task."))
+        task = make_task(v.get("task", sweep.get("task", "interleaved")), **{k: int(x) for k, x in fields.items()})
+        for subtask in ("state", "recall"):
+            out[(v["name"].split("-")[0], subtask)] = chance(task, subtask)
+    return out
 
 
 def _seeds(values: pd.Series) -> str:
