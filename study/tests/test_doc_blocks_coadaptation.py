@@ -450,13 +450,18 @@ def test_the_rules_in_the_docs_are_the_modules_verbatim(D):
 
 # --- the placebo's cap, from a real run -----------------------------------------------------------------------------
 def _placebo_run(folder: Path, mlp_scale: float) -> list[dict]:
-    from test_train import TASK, TWO_BLOCKS, tiny_cfg, variant
-
+    # the library's tests' tiny run (tests/test_train.py), built here: the study's tests do not import the library's
     from probe.evaluate import evaluate_checkpoints, evaluate_windows, evaluation_envelope
-    from probe.training.trainer import Trainer
+    from probe.models import ModelConfig
+    from probe.tasks import make_task
+    from probe.training.settings import VARIANTS, ScheduleConfig
+    from probe.training.trainer import Trainer, TrainConfig
 
-    trainer = Trainer(TWO_BLOCKS, TASK, tiny_cfg(schedule=variant("placebo"), steps=6, eval_every=3, ckpt_every=6,
-                                                 traj_every=6), folder, progress=False)
+    task = make_task("interleaved", train_length=6)
+    model = ModelConfig(family="hybrid", vocab_size=task.vocab_size, d_model=16, n_layers=2, n_heads=2)
+    cfg = TrainConfig(steps=6, batch_size=8, eval_every=3, eval_samples=16, ckpt_every=6, traj_every=6, lr=3e-3,
+                      warmup=5, schedule=ScheduleConfig(**VARIANTS["placebo"]))
+    trainer = Trainer(model, task, cfg, folder, progress=False)
     with torch.no_grad():
         for b in trainer.model.blocks:
             for p in b.mlp.parameters():
