@@ -455,7 +455,7 @@ def _placebo_run(folder: Path, mlp_scale: float) -> list[dict]:
     from probe.models import ModelConfig
     from probe.tasks import make_task
     from probe.training.settings import VARIANTS, ScheduleConfig
-    from probe.training.trainer import Trainer, TrainConfig
+    from probe.training.trainer import TrainConfig, Trainer
 
     task = make_task("interleaved", train_length=6)
     model = ModelConfig(family="hybrid", vocab_size=task.vocab_size, d_model=16, n_layers=2, n_heads=2)
