@@ -33,6 +33,7 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.core.gates import attribute_set
 from probe.errors import ProbeError
+from probe.models.hooked import Sublayer
 from probe.wrapped import WrappedConfig, WrappedModel
 
 # --- tiny configs, one per architecture -----------------------------------------------------------------------------
@@ -344,8 +345,6 @@ class BridgedModel(WrappedModel):
             yield
 
     def sublayer_outputs(self) -> dict[str, Any]:
-        from probe.models.hooked import Sublayer
-
         return {f"{c.name}.hook_out": Sublayer("attn" if c.kind == "attention" else "recurrent", 0)
                 for c in sorted(self.components, key=lambda c: c.kind == "attention")}
 

@@ -27,10 +27,9 @@ from probe.core.specs import is_factory_spec
 from probe.errors import ProbeError
 from probe.external import AnyModelConfig, build_any, call_factory, model_config_from_dict
 from probe.models import ModelConfig
+from probe.schedules import legacy
+from probe.schedules.settings import ScheduleConfig, variant_name
 from probe.tasks import TaskConfig, task_from_dict
-from probe.training import legacy
-from probe.training.config import TrainConfig
-from probe.training.settings import ScheduleConfig, variant_name
 
 FORMAT = "probe-checkpoint"
 FORMAT_VERSION = 1
@@ -61,12 +60,12 @@ class Checkpoint:
 
     @property
     def schedule_config(self) -> ScheduleConfig | None:
-        """The run's schedule (an old checkpoint's read as it was meant: ``training.legacy``); None when none is
+        """The run's schedule (an old checkpoint's read as it was meant: ``schedules.legacy``); None when none is
         recorded or it cannot be read."""
         if not isinstance(self.train_config.get("schedule"), dict):
             return None
         try:
-            return TrainConfig.from_dict(self.train_config).schedule
+            return legacy.read_schedule(self.train_config["schedule"])
         except (ProbeError, TypeError):
             return None
 

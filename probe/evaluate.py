@@ -20,18 +20,16 @@ from probe import hardware
 from probe.cli import envelope, positive_int, resolve_device
 from probe.core.chance import chance
 from probe.core.inputs import check_inputs
-from probe.core.lengths import multiples, parse_lengths, stepped, up_to
+from probe.core.lengths import FACTORS, multiples, parse_lengths, stepped, up_to
 from probe.core.meta import variant_name
 from probe.core.progress import note, progress_bar, progress_iter
 from probe.core.rows import CONTROL, check_row, control_line
-from probe.core.stats import fraction_above
-from probe.core.task import as_sampler
+from probe.core.stats import SOLVED, fraction_above
 from probe.errors import ProbeError
 from probe.memory import PeakMemory, Plan, check_lengths, fit_batch_size, plan_lengths
-from probe.results import FACTORS, SOLVED
 from probe.runner import CheckpointOptions, Command, Report, lengths_option, option, samples_option
 from probe.tasks import SUBTASKS, TaskConfig
-from probe.windows import eval_seed, evaluate, factor_subtask, state_factors, windows_of
+from probe.windows import accuracy_at_length, eval_seed, evaluate, factor_subtask, state_factors, windows_of
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -41,69 +39,6 @@ if TYPE_CHECKING:
 __all__ = ["accuracy_at_length", "check_lengths", "eval_seed", "evaluate", "evaluate_checkpoints", "lengthgen_score",
            "factor_subtask", "length_curve", "main", "multiples", "parse_lengths", "plot_length_curves", "scores",
            "solved_table", "state_factors", "summary_table", "evaluate_windows", "windows_summary"]
-
-@torch.no_grad()
-def accuracy_at_length(
-    model: HookedSequenceModel, task: TaskConfig, length: int, n_samples: int = 256, batch_size: int = 256,
-    seed: int = 0, device: torch.device | str | None = None, forward_batch: int | None = None,
-    factors: bool = False,
-) -> dict[str, dict[str, float]]:
-    """Token and sequence accuracy per subtask (and ``all``) on ``n_samples`` fresh sequences of one length.
-    ``task``: probe's task or any sampler (``probe.core.task``): each named mask of its batches is a subtask.
-
-    ``factors``: also the state answers' accuracy modulo each prime-power factor q of the modulus
-    (``state_factors``), as subtasks ``state_mod{q}``: a state answer counts as right modulo q when the predicted
-    token is a number congruent to the running sum mod q. For m = 10 this separates parity (Z_2) from Z_5, the
-    factors that linear recurrences with negative or complex transitions can and cannot track.
-    Sequences are drawn ``batch_size`` at a time and run through the model ``forward_batch`` at a time (default:
-    all at once), so the draws, and the numbers, do not depend on how much memory the forward pass may use.
-    Sequence accuracy of a subtask counts only sequences that ask that subtask at least once (NaN if none does).
-    """
-    check_inputs("probe.evaluate.accuracy_at_length", forward=model, task=task)
-    if n_samples < 1 or batch_size < 1:
-        raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
-    device = device or next(model.parameters()).device
-    step = forward_batch or batch_size
-    draw = as_sampler(task, "probe.evaluate.accuracy_at_length").sample  # probe's task, or a user's sampler
-    qs = state_factors(task.m) if factors else []
-    # probe's subtasks first (their rows exist even where a task asks none); a user's masks join as they come
-    right = {s: 0 for s in (*SUBTASKS, "all", *map(factor_subtask, qs))}
-    asked = dict(right)
-    seq_right = dict(right)
-    seq_asked = dict(right)
-    done, chunk = 0, 0
-    while done < n_samples:
-        b = min(batch_size, n_samples - done)
-        batch = draw(length, b, eval_seed(seed, length, chunk)).to(device)
-        pred = torch.cat([model(batch.tokens[i:i + step]).argmax(-1) for i in range(0, b, step)])
-        correct = pred == batch.labels
-        masks = {**batch.masks, "all": batch.answer_mask}
-        hits = dict.fromkeys(masks, correct)
-        if qs and bool((batch.labels[batch.masks["state"]] >= task.m).any()):
-            raise ProbeError(f"--factors: the state answers of task {task.name} are not numbers mod {task.m}, so "
-                             "they have no factors to score")
-        for q in qs:
-            # a number token congruent to the answer modulo q; anything else (a key, a value) is wrong
-            hits[factor_subtask(q)] = (pred < task.m) & (pred % q == batch.labels % q)
-            masks[factor_subtask(q)] = batch.masks["state"]
-        for s, mask in masks.items():
-            correct = hits[s]
-            right[s] = right.get(s, 0) + int((correct & mask).sum())
-            asked[s] = asked.get(s, 0) + int(mask.sum())
-            has = mask.any(dim=1)
-            seq_right[s] = seq_right.get(s, 0) + int(((correct | ~mask).all(dim=1) & has).sum())
-            seq_asked[s] = seq_asked.get(s, 0) + int(has.sum())
-        done += b
-        chunk += 1
-    return {
-        s: {
-            "token_acc": right[s] / asked[s] if asked[s] else math.nan,
-            "seq_acc": seq_right[s] / seq_asked[s] if seq_asked[s] else math.nan,
-            "n_tokens": asked[s],
-        }
-        for s in right
-    }
-
 
 def length_curve(
     model: HookedSequenceModel, task: TaskConfig, lengths: Iterable[int], n_samples: int = 256,

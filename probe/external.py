@@ -23,8 +23,10 @@ from typing import Any
 
 from probe.core.specs import FACTORY_SPEC
 from probe.errors import ProbeError
-from probe.models import ModelConfig
+from probe.hf import wrap_hf
+from probe.models import HookedSequenceModel, ModelConfig
 from probe.tasks import TaskConfig
+from probe.wrapped import WrappedModel
 
 
 def _recurrentgemma(d: int, n_layers: int, n_heads: int, vocab: int) -> dict[str, Any]:
@@ -114,7 +116,6 @@ class HFModelConfig(_WrappedSizes):
             import transformers
         except ImportError:
             raise ProbeError(f"{self.name} needs the transformers library: pip install -e '.[hf]'") from None
-        from probe.hf import wrap_hf
 
         fields = dict(self.transformers)
         model_type = fields.pop("model_type")
@@ -166,8 +167,6 @@ def call_factory(spec: str) -> tuple[Any, TaskConfig]:
     """Import ``package.module`` (the current folder is importable, as for ``python -m``), call the callable and check
     that it returned ``(model, task)``: a wrapped model (or one of probe's) and a ``TaskConfig``. Every failure is one
     line that names the fix."""
-    from probe.wrapped import WrappedModel
-
     module_name, _, attr = spec.partition(":")
     if not attr or not FACTORY_SPEC.match(spec):
         raise ProbeError(f"{spec}: give MODULE:FACTORY, the importable module and the callable in it that returns "
@@ -221,7 +220,5 @@ def model_config_from_dict(d: dict[str, Any]) -> AnyModelConfig:
 def build_any(cfg: AnyModelConfig, task: TaskConfig | None = None) -> Any:
     """The model ``cfg`` describes, with fresh weights: probe's own, or a wrapped one."""
     if isinstance(cfg, ModelConfig):
-        from probe.models import HookedSequenceModel
-
         return HookedSequenceModel(cfg, task=task)
     return cfg.build(task)

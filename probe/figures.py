@@ -29,7 +29,7 @@ import pandas as pd
 
 from probe.core.stats import t_interval
 from probe.core.tables import pipe_row, pipe_table
-from probe.training.legacy import ALIASES
+from probe.schedules.legacy import ALIASES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -46,29 +47,63 @@ def available_bytes(device: torch.device | str = "cpu") -> int:
 
 @dataclass(frozen=True)
 class ForwardCost:
-    """Peak activation bytes of one no-grad forward pass of one sequence, split by where they go."""
+    """Activation bytes of one sequence at the peak of a forward pass, split by where they go."""
 
-    attention: int  # score, masked score and pattern tensors of one layer: H x T^2 each
-    tokens: int  # per-token activations: residual stream, LSTM gates, MLP hidden, logits
+    attention: int  # the score and pattern tensors (heads x T^2 each) alive at the peak; 0 when it is elsewhere
+    tokens: int  # per-position tensors alive at the peak: residual copies, the sublayer's own, the logits
 
     @property
     def total(self) -> int:
         return self.attention + self.tokens
 
 
-def forward_cost(cfg: ModelConfig, positions: int, grad: bool = False) -> ForwardCost:
-    """Bytes one sequence of ``positions`` tokens (prefix included) needs at the peak of a no-grad forward pass.
+CELL_WIDTH = {"lstm": 6.25, "gru": 5.0}
+"""What a recurrent cell holds per position at its peak, in units of d_model, beside its input and LayerNorm: the
+fused kernel's output, its state buffers and every step's gates (4 for the LSTM, 3 for the GRU; measured with
+``TensorPeak``: 8.1-8.3 and 7.0 d_model in all with the input and LayerNorm). A cell probe did not build (a wrapped
+model's) is counted as the LSTM."""
 
-    Layers run one after another and free their activations, so the peak is one layer's worth: attention holds
-    the raw scores, the masked scores and the softmax pattern around the softmax (measured: 2.6 of these
-    tensors at the peak on CPU; 3 are counted), and the per-token terms count every sublayer's output at once.
+SSM_WIDTH = 16
+"""What the SSM's chunked scan holds per position at its peak, per real number of its state (``ssm_state``): the
+input share, the gates, the states and the chunks' partial sums (measured with ``TensorPeak``: 14.3-16.1 a state
+unit, real and complex ranges)."""
+
+
+def forward_cost(cfg: ModelConfig, positions: int, grad: bool = False) -> ForwardCost:
+    """Bytes one sequence of ``positions`` tokens (prefix included) holds at the peak of a forward pass.
+
+    Without ``grad`` (no backward pass follows) each sublayer frees what it made before the next runs, so the peak is
+    the costliest sublayer, per position (d = d_model, T = positions, H = heads): the block's input, which its caller
+    holds, and in a hybrid the recurrent sublayer's output too (attention's input, kept to the block's end), then
+    attention: its LayerNorm, q, k, v, z, z reshaped and W_O's output, and the scores and the softmax pattern, H x T
+    each (the masked scores replace the raw ones); the MLP: the residual sum, its LayerNorm and two d_mlp-wide tensors
+    (W_in's output and the GELU); the recurrent cell: its LayerNorm and ``CELL_WIDTH`` (``SSM_WIDTH`` per state unit);
+    the head: the last residual, its LayerNorm and the logits. These are the tensors alive at the peak as the
+    allocator counts them (``TensorPeak``; tests/test_memory.py holds the plan to that count); the causal mask (T^2
+    bytes a forward) and the LSTM kernel's repacked weights are not per sequence and are left out.
+
     With ``grad`` (a backward pass follows), autograd keeps every layer's activations until the backward pass, and
-    the backward pass holds a gradient of the same size: twice every layer's worth.
+    the backward pass holds a gradient of the same size: this counts, per layer, three H x T^2 attention tensors
+    and every sublayer's output at once, twice (not benchmarked: a generous bound).
     """
-    attention = 3 * cfg.n_heads * positions * positions * _FLOAT if cfg.has_attention else 0
-    per_token = 12 * cfg.d_model + 2 * cfg.mlp_dim + 2 * cfg.vocab_size
-    layers = 2 * cfg.n_layers if grad else 1
-    return ForwardCost(attention=layers * attention, tokens=layers * positions * per_token * _FLOAT)
+    d, t = cfg.d_model, positions
+    heads = cfg.n_heads if cfg.has_attention else 0
+    if grad:
+        per_token = 12 * d + 2 * cfg.mlp_dim + 2 * cfg.vocab_size
+        layers = 2 * cfg.n_layers
+        return ForwardCost(attention=layers * 3 * heads * t * t * _FLOAT, tokens=layers * t * per_token * _FLOAT)
+    held = 2 * d if cfg.has_lstm and cfg.has_attention else d
+    others = [(held + d) + d + 2 * cfg.mlp_dim, 2 * d + cfg.vocab_size]  # the MLP, the head
+    if cfg.has_lstm:
+        cell = getattr(cfg, "rnn", "lstm")
+        others.append(d + d + (SSM_WIDTH * cfg.ssm_state if cell == "ssm" else CELL_WIDTH.get(cell, 6.25) * d))
+    tokens = int(max(others) * t * _FLOAT)
+    if heads:
+        attention_tokens = int((held + 7 * d) * t * _FLOAT)
+        scores = 2 * heads * t * t * _FLOAT
+        if scores + attention_tokens > tokens:
+            return ForwardCost(attention=scores, tokens=attention_tokens)
+    return ForwardCost(attention=0, tokens=tokens)
 
 
 def _gb(n: float) -> str:
@@ -190,7 +225,6 @@ class PeakMemory:
             peak = self._status("VmHWM")
         else:
             import resource
-            import sys
 
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
             if sys.platform != "darwin":  # kilobytes on Linux, bytes on macOS

@@ -27,6 +27,7 @@ note and returns no rows; the command refuses such a checkpoint in one line (exi
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 from dataclasses import dataclass, field
@@ -39,7 +40,7 @@ import torch
 
 from probe.cli import resolve_device
 from probe.core.inputs import check_inputs
-from probe.core.rows import CONTROL, INSTRUMENT, check_row
+from probe.core.rows import CONTROL, INSTRUMENT, check_row, control_line
 from probe.errors import ProbeError
 from probe.runner import CheckpointOptions, Command, Report, lengths_option, option, samples_option, threads_option
 from probe.windows import windows_for
@@ -317,8 +318,6 @@ def known_rotation_check(model: HookedSequenceModel, task: TaskConfig, length: i
     find that k and a horizon beyond 16 x L_train.
     Catches: gates read from the wrong hook or position (an off-by-one against the tokens), a mis-wrapped phase,
     a wrong k search, a modulus read wrongly."""
-    import copy
-
     model = copy.deepcopy(model)
     layer = model.lstm_layers[0]
     kind = layer.base  # a closed range has its open range's phases
@@ -331,7 +330,11 @@ def known_rotation_check(model: HookedSequenceModel, task: TaskConfig, length: i
     ok = row.k == expect and horizon >= 16 * task.train_length and (kind == "positive" or row.fade_steps >= horizon
                                                                      or row.fade_steps >= 16 * task.train_length)
     return check_row("known_rotation", INSTRUMENT, bool(ok), range=layer.kind, k=int(row.k), expected_k=expect,
-                     order=int(row.order), phase_error=float(row.phase_error), horizon=float(horizon))
+                     order=int(row.order), phase_error=float(row.phase_error), horizon=float(horizon),
+                     value=float(horizon), threshold=16 * task.train_length, passes_if=">=",
+                     what=f"a hand-set channel's horizon in steps, and its k {int(row.k)} must be the {expect} set; a "
+                          "fail means the method misreads transitions (wrong hook or position, a mis-wrapped phase, "
+                          "a wrong k search), whatever the model")
 
 
 @torch.no_grad()
@@ -363,8 +366,6 @@ def _set_known(model: HookedSequenceModel, task: TaskConfig, channel: int, k: in
 
 def reinitialised(model: HookedSequenceModel, seed: int = 0) -> HookedSequenceModel:
     """A copy of ``model`` with every SSM re-initialised as a new one would be (seeded by ``seed``)."""
-    import copy
-
     fresh = copy.deepcopy(model)
     with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
         torch.manual_seed(10_000 + seed)
@@ -385,6 +386,10 @@ def reinit_control(model: HookedSequenceModel, task: TaskConfig, length: int, ch
     trained = int(channels.counts_beyond.sum())
     fresh = int(base.counts_beyond.sum())
     return check_row("reinit", CONTROL, trained > 0 and fresh == 0, trained_counting=trained, reinit_counting=fresh,
+                     value=fresh, threshold=0, passes_if="<=",
+                     what=f"counting channels of the re-initialised SSM, beside the trained model's {trained} (needs "
+                          "at least 1); a fail means no counter was found, or the method finds counters in untrained "
+                          "weights (a k search that fits noise)",
                      trained_best_horizon=float(channels[channels.order > 1].horizon.max())
                      if (channels.order > 1).any() else 0.0,
                      reinit_best_horizon=float(base[base.order > 1].horizon.max()) if (base.order > 1).any() else 0.0)
@@ -410,8 +415,13 @@ def shuffled_digits_control(transitions: pd.DataFrame, channels: pd.DataFrame, m
     trained_best = min(CAP, float(channels[channels.order > 1].horizon.max())) if (channels.order > 1).any() else 0.0
     shuffled_best = min(CAP, float(base[base.order > 1].horizon.max())) if (base.order > 1).any() else 0.0
     claimed = trained_best >= HORIZON * train_length
+    bar = max(HORIZON * train_length, 2 * shuffled_best)  # a counter is claimed, and twice the scrambled fit
     return check_row("shuffled_digits", CONTROL, bool(claimed and trained_best >= 2 * shuffled_best),
-                     trained_best_horizon=trained_best, shuffled_best_horizon=shuffled_best, permutation=perm)
+                     trained_best_horizon=trained_best, shuffled_best_horizon=shuffled_best, permutation=perm,
+                     value=trained_best, threshold=bar, passes_if=">=",
+                     what=f"the best counting horizon in steps, against {HORIZON} x L_train and twice that with the "
+                          "numbers' identities permuted; a fail means no counter beyond the training range, or a "
+                          "method that finds counting in any phase pattern")
 
 
 # --- one checkpoint -------------------------------------------------------------------------------------------------
@@ -508,10 +518,11 @@ _HELP_JSON = """JSON (--json): results rows with checkpoint, label, seed, length
     order 1);
   summary: block, order, channels (counting beyond 4 L_train), of, best_horizon, best_fade (that channel's), beyond;
   transition (--tokens): block, channel, token, kind (number|other), modulus, modulus_sd, phase, phase_spread, b, n.
-controls rows: known_rotation (instrument: a hand-set transition, the best the range allows, must come back as its
-k and order); reinit (control: the trained model must have a channel counting beyond 4 L_train and a
-re-initialised SSM none); shuffled_digits (control: its best counting horizon at least twice that of its own
-transitions with the numbers' identities permuted).
+controls rows (value, threshold, passes_if and what, as the plain output's control lines show them):
+known_rotation (instrument: a hand-set transition, the best the range allows, must come back as its k and order);
+reinit (control: the trained model must have a channel counting beyond 4 L_train and a re-initialised SSM none);
+shuffled_digits (control: its best counting horizon at least twice that of its own transitions with the numbers'
+identities permuted).
 A checkpoint whose cell is not an SSM is refused in one line (exit code 2) before any work."""
 
 
@@ -546,6 +557,7 @@ def run(opts: TransitionOptions) -> Report:
         results.append(r)
         text += [f"{path}: {r.label}, seed {r.seed}, length {r.length}: channels that count mod o beyond {HORIZON} "
                  "x L_train, per block", r.summary.to_string(index=False)]
+        text += ["controls (every row is in the JSON):", *map(control_line, r.control_rows())] if r.controls else []
     return Report([str(p) for p in paths], [row for r in results for row in r.rows(opts.tokens)],
                   [c for r in results for c in r.control_rows()], "\n".join(text),
                   figures=lambda: {"transitions.png": plot_channels(results)})

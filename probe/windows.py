@@ -11,6 +11,9 @@ longest length measures every window at once.
 For a modulus with factors (m = 10 = 2 x 5) each state answer is also scored modulo each prime-power factor q
 (``state_mod2``: parity; ``state_mod5``): a model can keep one factor of the counter and lose the other, and its
 state accuracy alone cannot say which. Chance floors: 1/m for the state, 1/q for its factor q, 1/n_values for recall.
+
+The accuracy of one length (``accuracy_at_length``) lives here too, a floor below the trainer that evaluates with it
+and ``probe.evaluate`` that draws curves from it.
 """
 
 from __future__ import annotations
@@ -29,12 +32,14 @@ from probe.core.inputs import check_inputs
 from probe.core.seeds import EVALUATE
 from probe.core.task import IGNORE_INDEX, as_sampler, need_train_length
 from probe.errors import ProbeError
+from probe.tasks import SUBTASKS
 
 if TYPE_CHECKING:
     from probe.models import HookedSequenceModel
     from probe.tasks import TaskConfig
 
-__all__ = ["WINDOW_MULTIPLES", "Window", "eval_seed", "evaluate", "factor_subtask", "label_chance", "position_counts",
+__all__ = ["WINDOW_MULTIPLES", "Window", "accuracy_at_length", "eval_seed", "evaluate", "factor_subtask",
+           "label_chance", "position_counts",
            "state_factors", "window_chance", "window_key", "window_table", "windows_for", "windows_of"]
 
 EVAL_SEED_BASE = EVALUATE
@@ -127,6 +132,69 @@ def state_factors(m: int) -> list[int]:
 def factor_subtask(q: int) -> str:
     """The subtask name under which the state answers' accuracy modulo q is reported (``state_mod2``)."""
     return f"state_mod{q}"
+
+
+@torch.no_grad()
+def accuracy_at_length(
+    model: HookedSequenceModel, task: TaskConfig, length: int, n_samples: int = 256, batch_size: int = 256,
+    seed: int = 0, device: torch.device | str | None = None, forward_batch: int | None = None,
+    factors: bool = False,
+) -> dict[str, dict[str, float]]:
+    """Token and sequence accuracy per subtask (and ``all``) on ``n_samples`` fresh sequences of one length.
+    ``task``: probe's task or any sampler (``probe.core.task``): each named mask of its batches is a subtask.
+
+    ``factors``: also the state answers' accuracy modulo each prime-power factor q of the modulus
+    (``state_factors``), as subtasks ``state_mod{q}``: a state answer counts as right modulo q when the predicted
+    token is a number congruent to the running sum mod q. For m = 10 this separates parity (Z_2) from Z_5, the
+    factors that linear recurrences with negative or complex transitions can and cannot track.
+    Sequences are drawn ``batch_size`` at a time and run through the model ``forward_batch`` at a time (default:
+    all at once), so the draws, and the numbers, do not depend on how much memory the forward pass may use.
+    Sequence accuracy of a subtask counts only sequences that ask that subtask at least once (NaN if none does).
+    """
+    check_inputs("probe.evaluate.accuracy_at_length", forward=model, task=task)
+    if n_samples < 1 or batch_size < 1:
+        raise ProbeError(f"n_samples={n_samples}, batch_size={batch_size}: both must be at least 1")
+    device = device or next(model.parameters()).device
+    step = forward_batch or batch_size
+    draw = as_sampler(task, "probe.evaluate.accuracy_at_length").sample  # probe's task, or a user's sampler
+    qs = state_factors(task.m) if factors else []
+    # probe's subtasks first (their rows exist even where a task asks none); a user's masks join as they come
+    right = {s: 0 for s in (*SUBTASKS, "all", *map(factor_subtask, qs))}
+    asked = dict(right)
+    seq_right = dict(right)
+    seq_asked = dict(right)
+    done, chunk = 0, 0
+    while done < n_samples:
+        b = min(batch_size, n_samples - done)
+        batch = draw(length, b, eval_seed(seed, length, chunk)).to(device)
+        pred = torch.cat([model(batch.tokens[i:i + step]).argmax(-1) for i in range(0, b, step)])
+        correct = pred == batch.labels
+        masks = {**batch.masks, "all": batch.answer_mask}
+        hits = dict.fromkeys(masks, correct)
+        if qs and bool((batch.labels[batch.masks["state"]] >= task.m).any()):
+            raise ProbeError(f"--factors: the state answers of task {task.name} are not numbers mod {task.m}, so "
+                             "they have no factors to score")
+        for q in qs:
+            # a number token congruent to the answer modulo q; anything else (a key, a value) is wrong
+            hits[factor_subtask(q)] = (pred < task.m) & (pred % q == batch.labels % q)
+            masks[factor_subtask(q)] = batch.masks["state"]
+        for s, mask in masks.items():
+            correct = hits[s]
+            right[s] = right.get(s, 0) + int((correct & mask).sum())
+            asked[s] = asked.get(s, 0) + int(mask.sum())
+            has = mask.any(dim=1)
+            seq_right[s] = seq_right.get(s, 0) + int(((correct | ~mask).all(dim=1) & has).sum())
+            seq_asked[s] = seq_asked.get(s, 0) + int(has.sum())
+        done += b
+        chunk += 1
+    return {
+        s: {
+            "token_acc": right[s] / asked[s] if asked[s] else math.nan,
+            "seq_acc": seq_right[s] / seq_asked[s] if seq_asked[s] else math.nan,
+            "n_tokens": asked[s],
+        }
+        for s in right
+    }
 
 
 def window_chance(task: TaskConfig, subtask: str) -> float:

@@ -41,6 +41,8 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.core.gates import attribute_set
 from probe.errors import ProbeError
+from probe.models.cache import unknown_hook
+from probe.models.config import ModelConfig
 from probe.models.gru import HookedGRU
 from probe.models.hooked import Sublayer, resolve_return_type
 from probe.models.lstm import HookedLSTM
@@ -296,8 +298,6 @@ PROBE_MODEL_PARTS = frozenset({"blocks", "embed", "unembed", "ln_final", "pos_em
 def refuse_wrapped(name: str, model_config: Any, reads: str) -> None:
     """One line, before any work, where an analysis that reads ``reads`` of probe's own models is given a wrapped,
     transformers or factory model (any config but probe's ``ModelConfig``)."""
-    from probe.models.config import ModelConfig
-
     if not isinstance(model_config, ModelConfig):
         raise ProbeError(f"{name}: this analysis does not apply to this checkpoint (it reads {reads}, which a wrapped "
                          f"model does not expose); on a wrapped model run {WORKS_ON_WRAPPED}")
@@ -420,8 +420,6 @@ class WrappedModel(HookedRootModule):
     def _check_names(self, names: Any) -> None:
         """A hook name the model does not have is one line naming the nearest ones (an analysis written for probe's
         blocks asks for ``blocks.{i}...`` names)."""
-        from probe.models.cache import unknown_hook
-
         for name in [names] if isinstance(names, str) else names if isinstance(names, (list, tuple)) else []:
             if isinstance(name, str) and name not in self.hook_dict:
                 what = ("a wrapped model has no hook" if not name.startswith("blocks.") else

@@ -16,14 +16,14 @@ from probe.evaluate import accuracy_at_length
 from probe.evaluate import main as evaluate_main
 from probe.gradients.controls import ROUTE_TOL, SPLIT_TOL
 from probe.models import SSM_RANGES, ModelConfig
+from probe.schedules.points import At
+from probe.schedules.settings import VARIANTS, ScheduleConfig
 from probe.tasks import make_task
 from probe.training.batches import train_batch_seed
 from probe.training.cli import main as train_main
 from probe.training.config import TrainConfig
 from probe.training.overrides import build_configs
-from probe.training.points import At
 from probe.training.presets import CELL_MODELS, PRESETS
-from probe.training.settings import VARIANTS, ScheduleConfig
 from probe.training.trainer import Trainer
 
 from conftest import tiny_model

@@ -25,9 +25,9 @@ from test_train_wrapped import _train_cfg, factory_spec  # noqa: F401 (factory_s
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel
+from probe.schedules.settings import ScheduleConfig
 from probe.training.overrides import build_configs
 from probe.training.policies import MlpPlacebo, random_direction_seed
-from probe.training.settings import ScheduleConfig
 from probe.training.trainer import Trainer
 
 
@@ -316,7 +316,7 @@ def test_the_second_coadaptation_grid_runs_each_control_at_the_mechanism_grids_s
     evaluated at 1x and to 16x (so its windows of positions reach 400)."""
     import dataclasses
 
-    from probe.sweep.config import eval_lengths_for, load_config
+    from probe.results.config import eval_lengths_for, load_config
 
     joint = next(r for r in load_config(_grid_toml("mechanism")).runs("/tmp/unused") if r.key == "joint/seed0")
     joint_cfg = build_configs(joint.preset, joint.task, list(joint.overrides), steps=joint.steps, seed=joint.seed)

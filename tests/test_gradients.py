@@ -17,14 +17,14 @@ import torch
 
 from probe import gradients as G
 from probe.checkpoint import checkpoint_from_model, load_checkpoint, save_checkpoint
-from probe.core.meta import schedule_gate
 from probe.errors import ProbeError
 from probe.gradients import controls as C
 from probe.gradients import lookahead as LA
+from probe.schedules.points import At
+from probe.schedules.settings import ScheduleConfig
 from probe.training.batches import train_batch_seed
 from probe.training.config import TrainConfig
-from probe.training.points import At
-from probe.training.settings import ScheduleConfig
+from probe.training.state import schedule_gate
 from probe.training.trainer import Trainer, train
 
 from conftest import tiny_model

@@ -31,9 +31,9 @@ from probe.probes import (
     verdict_rows,
 )
 from probe.probes.targets import is_affine, resolve_windows, windowed_sum
+from probe.schedules.settings import ScheduleConfig
 from probe.tasks import make_task
 from probe.training.config import TrainConfig
-from probe.training.settings import ScheduleConfig
 from probe.training.trainer import Trainer
 
 from conftest import tiny_model

@@ -20,6 +20,7 @@ from probe.core.gates import attention_gates
 from probe.core.stats import bootstrap_ci, wilson
 from probe.errors import ProbeError
 from probe.models import ModelConfig
+from probe.schedules.settings import ScheduleConfig
 from probe.shortcuts import (
     Perturbation,
     analyze,
@@ -52,7 +53,6 @@ from probe.shortcuts.sums import Perturbed
 from probe.shortcuts.window import resample_before, window_controls
 from probe.tasks import make_task
 from probe.training.config import TrainConfig
-from probe.training.settings import ScheduleConfig
 from probe.training.trainer import train
 
 from conftest import tiny_model

@@ -21,6 +21,7 @@ from probe.checkpoint import load_checkpoint
 from probe.errors import ProbeError
 from probe.hardware import precision_used
 from probe.results import CURVES, RUNS, import_runs, lengths_spec, load_grid, parse_lengths_spec
+from probe.results.config import config_from_dict, eval_lengths_for
 from probe.sweep import (
     LocalExecutor,
     RayExecutor,
@@ -33,7 +34,6 @@ from probe.sweep import (
 )
 from probe.sweep.aggregate import RESULTS
 from probe.sweep.cli import main
-from probe.sweep.config import config_from_dict, eval_lengths_for
 
 # A run of tens of steps, checkpointed every 10 so that a killed worker has a last.pt to resume from.
 TINY = ["model.d_model=16", "model.n_layers=1", "model.n_heads=2", "task.train_length=6", "train.batch_size=8",

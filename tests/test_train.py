@@ -23,16 +23,16 @@ from probe import hardware
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel, ModelConfig
+from probe.schedules.points import At
+from probe.schedules.settings import VARIANTS, ScheduleConfig, variant_name
 from probe.tasks import make_task
 from probe.training.batches import train_batch_seed, training_batch
 from probe.training.cli import main
 from probe.training.config import TrainConfig, lr_at
 from probe.training.overrides import build_configs
-from probe.training.points import At
 from probe.training.policies import PLAIN, DetachAttention, SplitCut
 from probe.training.presets import DAT_SWITCH
 from probe.training.schedule import Schedule
-from probe.training.settings import VARIANTS, ScheduleConfig, variant_name
 from probe.training.trainer import Trainer, config_diff, resumed_segments, train
 
 ROOT = Path(__file__).parent.parent
@@ -280,7 +280,7 @@ def _grid_toml(name: str) -> Path:
 
 
 def test_old_set_spellings_of_committed_sweeps_map_onto_the_settings():
-    from probe.sweep.config import load_config
+    from probe.results.config import load_config
 
     names = {}
     for toml in map(_grid_toml, COMMITTED_GRIDS):
@@ -301,7 +301,7 @@ def test_old_set_spellings_of_committed_sweeps_map_onto_the_settings():
 
 
 def test_coadaptation_grid_runs_each_variant_at_the_mechanism_grids_settings():
-    from probe.sweep.config import load_config
+    from probe.results.config import load_config
 
     def grid(name: str) -> dict[str, list]:
         runs: dict[str, list] = {}

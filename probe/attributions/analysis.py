@@ -19,12 +19,13 @@ from probe.core.batches import analysis_batch
 from probe.core.extras import require
 from probe.core.gates import attention_gates
 from probe.core.lengths import multiples
-from probe.core.meta import checkpoint_meta, schedule_gate
+from probe.core.meta import checkpoint_meta
 from probe.core.progress import progress_iter
 from probe.core.rows import threshold_row
 from probe.errors import ProbeError
 from probe.memory import check_lengths
 from probe.models import HookedSequenceModel
+from probe.training.state import schedule_gate
 
 DEFAULT_FACTORS = (1, 3)
 """Attributions are reported at the training length and at 3x, as the gradient analysis's interference."""

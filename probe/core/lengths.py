@@ -6,6 +6,9 @@ from collections.abc import Sequence
 
 from probe.errors import ProbeError
 
+FACTORS = (1, 2, 3, 4, 8, 16)
+"""The multiples of L_train that reports show (where evaluated): every one to 4x, then 8x and 16x."""
+
 GRAMMAR = ("a comma list (25,75) of lengths and inclusive ranges START:STOP (1:100) or START:STOP:STEP "
            "(1:400:25), e.g. 1:100,125:400:25")
 

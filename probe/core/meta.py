@@ -1,4 +1,4 @@
-"""Which run, variant and step a result row comes from, and the gate its schedule applies at that step."""
+"""Which run, variant and step a result row comes from."""
 
 from __future__ import annotations
 
@@ -25,14 +25,3 @@ def checkpoint_meta(ckpt: Checkpoint) -> dict[str, Any]:
             "schedule": ckpt.schedule or "none", "label": variant_name(ckpt), "seed": ckpt.seed, "step": ckpt.step,
             "family": ckpt.model_config.family}
 
-
-def schedule_gate(ckpt: Checkpoint) -> list[float] | None:
-    """Each attention block's gate at the checkpoint's step, as the trainer recorded it (``probe.training.state``;
-    rebuilt from the configs of a checkpoint written before the record); None when no schedule is recorded or the
-    model has no attention."""
-    from probe.training.state import step_state
-
-    if not ckpt.model_config.has_attention:
-        return None
-    gates = step_state(ckpt).gates
-    return list(gates) if gates else None

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 
 CONFIDENCE = 0.95
+SOLVED = 0.9
+"""A seed 'solves' a length when its token accuracy there exceeds this (reports count such seeds)."""
 EXACT_LIMIT = 2_000_000
 """Relabelings (or sign patterns) enumerated exactly; beyond this a seeded Monte Carlo sample stands in."""
 MONTE_CARLO = 200_000

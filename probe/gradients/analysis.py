@@ -16,7 +16,7 @@ from probe.core.batches import analysis_batch
 from probe.core.gates import attention_gates
 from probe.core.inputs import check_inputs
 from probe.core.lengths import multiples
-from probe.core.meta import checkpoint_meta, schedule_gate
+from probe.core.meta import checkpoint_meta
 from probe.core.progress import note, progress_iter
 from probe.core.rows import threshold_row
 from probe.core.task import as_batch, as_sampler, is_batch, need_train_length, take_rows
@@ -41,7 +41,7 @@ from probe.gradients.inputs import LookaheadConfig, adam_moments
 from probe.gradients.realstep import RealStepConfig, real_step_report
 from probe.memory import check_lengths
 from probe.models import HookedSequenceModel, ModelConfig
-from probe.training.state import step_state
+from probe.training.state import schedule_gate, step_state
 from probe.wrapped import WrappedModel
 
 DEFAULT_LOOKAHEAD = LookaheadConfig()

@@ -42,7 +42,6 @@ from torch import Tensor
 
 from probe.checkpoint import Checkpoint, load_checkpoint
 from probe.core.gates import attention_gates
-from probe.core.meta import schedule_gate
 from probe.core.rows import CONTROL, check_row, threshold_row
 from probe.gradients.adamstep import PARTS, next_update
 from probe.gradients.decomposition import (
@@ -55,7 +54,8 @@ from probe.gradients.decomposition import (
 from probe.gradients.inputs import add_step, lookahead_seed
 from probe.tasks import IGNORE_INDEX, Batch, TaskConfig
 from probe.training.batches import BatchDraw
-from probe.training.state import step_state
+from probe.training.rollout import continue_run, weight_difference
+from probe.training.state import schedule_gate, step_state
 from probe.windows import windows_for
 
 DIRECTIONS = (*PARTS, "full")
@@ -353,7 +353,6 @@ def real_step_report(ckpt: Checkpoint, cfg: RealStepConfig | None = None, seed: 
                              **{f"fraction_{p}": float(shares[p]) for p in ("rec", "momentum", "decay")})
     if rollout <= 0:
         return RealStepReport(rows, verdict, pd.DataFrame(), checks)
-    from probe.training.rollout import continue_run, weight_difference  # the trainer: only for a rollout
 
     kept, cut = continue_run(ckpt, rollout, "kept", device), continue_run(ckpt, rollout, "cut", device)
     names = lstm_parameter_names(kept.model)

@@ -21,6 +21,7 @@ from probe.models.components import MLP, CausalAttention, HookedLayerNorm, PosEm
 from probe.models.config import ModelConfig
 from probe.models.recurrent import HookedRecurrent
 from probe.tasks import IGNORE_INDEX, TaskConfig
+from probe.viz import token_labels
 
 RETURN_TYPES = ("logits", "loss", "both", None)
 
@@ -317,8 +318,6 @@ class HookedSequenceModel(HookedRootModule):
                       task: TaskConfig | None = None) -> list[str] | list[list[str]]:
         """Readable names of tokens (``3`` number, ``k5`` key, ``v2`` value, ``|`` SEP), as
         ``probe.viz.token_labels``; a batch gives one list per sequence, a string (``"k1 v2 | 3 4"``) its names."""
-        from probe.viz import token_labels
-
         task = self._task(task)
         if isinstance(tokens, str):
             tokens = self.to_tokens(tokens, task)[0]

@@ -12,14 +12,16 @@ from typing import Any
 
 import pandas as pd
 
+from probe.cli import tidy
+from probe.core.lengths import FACTORS, parse_lengths
+from probe.core.stats import SOLVED
 from probe.errors import ProbeError
+from probe.hardware import trained_as
+from probe.training.config import TrainConfig
+from probe.training.schedule import Schedule
 
 RUNS, CURVES, TRAINING, WINDOWS = "runs.jsonl", "curves.csv", "training.csv", "windows.csv"
 EVAL, METRICS, FINAL, SWEEP = "eval.json", "metrics.jsonl", "final.pt", "sweep.json"
-FACTORS = (1, 2, 3, 4, 8, 16)
-"""The multiples of L_train that reports show (where evaluated): every one to 4x, then 8x and 16x."""
-SOLVED = 0.9
-"""A seed 'solves' a length when its token accuracy there exceeds this (reports count such seeds)."""
 SUBTASKS = ("state", "recall", "all")
 _CURVE_COLUMNS = ["variant", "seed", "length", "subtask", "n_tokens", "correct", "seq_acc"]
 _WINDOW_COLUMNS = ["variant", "run", "seed", "window", "lo", "hi", "beyond", "subtask", "n_tokens", "right",
@@ -124,9 +126,6 @@ def _train_meta(train: Any, log: list[dict[str, Any]]) -> dict[str, Any]:
     """Steps, precision, optimizer and the schedule's name and switch step of a ``TrainConfig`` (or its dict, as a
     checkpoint stores it). The switch is the step attention came on: the logged one of an adaptive schedule, else
     the configured one; None when attention is on and training from step 0."""
-    from probe.training.config import TrainConfig
-    from probe.training.schedule import Schedule
-
     if train is None:
         return {}
     if isinstance(train, dict):
@@ -214,7 +213,6 @@ def read_run_folder(folder: Path, variant: str, seed: int,
     trained_on = None  # the device it trained on: its checkpoint's record, else its log's first line
     if (folder / FINAL).exists():
         from probe.checkpoint import load_checkpoint
-        from probe.hardware import trained_as
 
         ckpt = load_checkpoint(folder / FINAL)
         train, train_length = dict(ckpt.train_config or {}), ckpt.task_config.train_length
@@ -576,8 +574,6 @@ def write_grid(grid: Grid, dst: str | Path) -> list[Path]:
 
 def grid_texts(grid: Grid) -> dict[str, str]:
     """The compact files of ``grid`` (``write_grid``), file name -> text, without writing them."""
-    from probe.cli import tidy
-
     runs = [{k: int(v) if k in _INT_KEYS and v is not None else _significant(v, _SUMMARY_DIGITS)
              for k, v in r.items()} for r in tidy(grid.runs.to_dict("records"))]
     texts = {RUNS: "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in runs),
@@ -628,14 +624,13 @@ def lengths_spec(lengths: list[int]) -> str:
 
 def parse_lengths_spec(spec: str) -> list[int]:
     """Inverse of ``lengths_spec``: several comma-separated ranges or single lengths."""
-    from probe.core.lengths import parse_lengths
-
     out: list[int] = []
     for part in spec.split(","):
         out += parse_lengths(part) if ":" in part else [int(part)]
     return sorted(set(out))
 
 
-__all__ = ["CURVES", "Grid", "RUNS", "TRAINING", "WINDOWS", "grid_texts", "has_run_folders", "import_runs",
+__all__ = ["CURVES", "FACTORS", "Grid", "RUNS", "SOLVED", "TRAINING", "WINDOWS", "grid_texts", "has_run_folders",
+           "import_runs",
            "is_compact", "lengths_spec", "load_curves", "load_grid", "load_runs", "merge", "parse_lengths_spec",
            "read_run_folder", "read_run_windows", "run_summary", "window_columns", "write_grid"]

@@ -6,11 +6,16 @@ The command line lives apart from the library (``probe.results``) because it rea
 
 from __future__ import annotations
 
+import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
+from probe.cli import make_parser, run_cli
 from probe.errors import ProbeError
 from probe.results import import_runs
+from probe.results.config import load_config
+from probe.runner import check_writable
 
 # --- the command line ----------------------------------------------------------------------------------------------
 _COLLECT = """\
@@ -24,11 +29,6 @@ sweep.json. Then python -m probe.sweep DST --report --in-place writes the grid's
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m probe.results collect SRC DST [--config SWEEP.toml]``: a bad input is one line and exit code 2."""
-    import argparse
-    import sys
-
-    from probe.cli import make_parser, run_cli
-
     parser = make_parser("python -m probe.results", "Grids of results in compact form.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     collect = commands.add_parser("collect", help="a sweep's finished runs into a grid in compact form",
@@ -47,13 +47,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ProbeError(f"{src}: no such file or directory")
         if dst.exists() and not dst.is_dir():
             raise ProbeError(f"{dst}: a file is in the way; DST names a directory")
-        from probe.runner import check_writable
 
         check_writable(dst, "DST")
         config = None
         if args.config:
-            from probe.sweep.config import load_config
-
             config = load_config(args.config).to_dict()
         grid = import_runs(src, dst, config)
         print(f"{dst}: {len(grid.runs)} runs of {len(grid.variants)} variants ({', '.join(grid.variants)}); "

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from probe.core.rows import CONTROL, INSTRUMENT, check_row
-from probe.sharpness.measure import TARGETS, measure_length, reference_mass
+from probe.sharpness.measure import TARGETS, mass_rows, measure_length, reference_mass
 
 if TYPE_CHECKING:
     from probe.models import HookedSequenceModel
@@ -112,8 +112,6 @@ def reinit_control(model: HookedSequenceModel, task: TaskConfig, mass: pd.DataFr
     learned query-key circuit) must put well under the recall head's mass on its target at L_train. A measurement
     that found concentration in anything but the learned attention (the layout, the query token, a head's taste for
     the prefix) would find it here too; a checkpoint without a content-addressed recall head fails."""
-    from probe.sharpness.measure import mass_rows
-
     at = mass[(mass.length == task.train_length) & (mass.scale == "none")]
     if at.empty or at.mass.isna().all():
         return check_row("reinit_attention", CONTROL, False, what="no mass measured at L_train")

@@ -18,10 +18,10 @@ from probe.core.inputs import check_inputs
 from probe.core.progress import progress_iter
 from probe.core.stats import bootstrap_ci
 from probe.errors import ProbeError
-from probe.evaluate import accuracy_at_length, eval_seed
 from probe.memory import check_lengths, fit_batch_size
 from probe.models.components import default_train_positions
 from probe.tasks import Batch, TaskConfig
+from probe.windows import accuracy_at_length, eval_seed
 
 if TYPE_CHECKING:
     from probe.models import HookedSequenceModel

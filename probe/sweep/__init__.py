@@ -4,8 +4,8 @@ Usage: ``python -m probe.sweep CONFIG.toml --out DIR`` (see ``--help``). API: ``
 ``config_from_presets`` -> ``run_sweep(cfg, out, make_executor("local"))`` -> ``aggregate(out)``.
 """
 
+from probe.results.config import Run, SweepConfig, Variant, config_from_presets, load_config
 from probe.sweep.aggregate import SweepReport, aggregate, markdown_table, write_report
-from probe.sweep.config import Run, SweepConfig, Variant, config_from_presets, load_config
 from probe.sweep.executors import LocalExecutor, RayExecutor, make_executor
 from probe.sweep.runner import SweepOutcome, run_sweep
 from probe.sweep.worker import RunOptions, RunResult, execute_run

@@ -13,13 +13,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from probe.checkpoint import load_checkpoint
 from probe.cli import envelope
 from probe.core.files import atomic_path, write_text_atomically
 from probe.core.stats import fraction_above, t_interval
 from probe.core.tables import pipe_table
 from probe.errors import ProbeError
 from probe.results import FACTORS, SOLVED, Grid, has_run_folders, is_compact, load_grid, write_grid
-from probe.sweep.config import SWEEP_FILE, config_from_dict
+from probe.results.config import SWEEP_FILE, config_from_dict
+from probe.sweep.plots import plot_sweep, plot_windows
 from probe.sweep.worker import EVAL
 
 RESULTS, TABLE, FIGURE = "results.json", "results.md", "accuracy_vs_length.png"
@@ -83,8 +85,6 @@ def _weights_digest(state_dict: dict[str, Any]) -> str:
 
 def _controls(grid: Grid) -> list[dict[str, Any]]:
     """Checks that need the checkpoints (run folders only; the compact form has none)."""
-    from probe.checkpoint import load_checkpoint
-
     controls, digests = [], {}
     for run, path in grid.checkpoints.items():
         ckpt = load_checkpoint(path)
@@ -315,8 +315,6 @@ def write_report(report: SweepReport, out: str | Path, figure: bool = True) -> l
     """In ``out``: the compact grid (``runs.jsonl``, ``curves.csv``, ``training.csv``; see ``probe.results``),
     ``results.json`` (the envelope: summary and comparison rows), ``results.md`` and the figures (accuracy vs
     length; per window, where the runs were scored per window)."""
-    from probe.sweep.plots import plot_sweep, plot_windows
-
     out = Path(out)
     paths = write_grid(report.grid, out) if report.grid is not None and report.grid.source != "compact" else []
     paths += [out / RESULTS, out / TABLE]

@@ -43,7 +43,7 @@ import pandas as pd
 from probe.core.stats import can_reject, clopper_pearson, holm, min_attainable_p, permutation_p, welch_interval
 from probe.core.tables import pipe_table
 from probe.errors import ProbeError
-from probe.sweep.config import SweepConfig, load_config, read_toml
+from probe.results.config import SweepConfig, load_config, read_toml
 
 _TOP = {"sweep", "alpha", "claim"}
 _CLAIM = {"id", "text", "variant", "found_on", "target", "below", "seeds_needed", "versus", "metric", "direction"}

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import sys
 from pathlib import Path
 from typing import Any
 
 from probe.cli import (
+    envelope,
     make_parser,
     nonnegative_int,
     positive_float,
@@ -22,7 +24,8 @@ from probe.core import interrupts
 from probe.core.files import write_text_atomically
 from probe.core.lock import folder_lock
 from probe.errors import ProbeError
-from probe.results import has_run_folders
+from probe.results import has_run_folders, load_grid
+from probe.results.config import DEFAULT_LENGTHS, SweepConfig, config_from_presets, eval_lengths_for, load_config
 from probe.sweep.aggregate import (
     FIGURE,
     RESULTS,
@@ -32,6 +35,7 @@ from probe.sweep.aggregate import (
     save_figure,
     write_report,
 )
+from probe.sweep.claims import claims_markdown, judge, load_claims
 from probe.sweep.compare import (
     compare,
     compare_target,
@@ -42,10 +46,11 @@ from probe.sweep.compare import (
     plot_seed_dots,
     target_table,
 )
-from probe.sweep.config import DEFAULT_LENGTHS, SweepConfig, config_from_presets, eval_lengths_for, load_config
 from probe.sweep.executors import default_jobs, make_executor
 from probe.sweep.runner import SweepOutcome, kept, plan, run_sweep
 from probe.sweep.worker import RunOptions
+from probe.training.overrides import build_configs
+from probe.training.schedule import Schedule
 
 DEFAULT_SAMPLES, QUICK_SAMPLES = 256, 32
 USAGE = """Usage:
@@ -185,9 +190,6 @@ def eval_options(args: argparse.Namespace, cfg: SweepConfig) -> tuple[int, str |
 def validate_runs(cfg: SweepConfig) -> None:
     """Every run's configs, built as the trainer will build them, before any run starts: a bad override, step
     count or schedule is one line and exit 2, not a failed run per seed minutes later."""
-    from probe.training.overrides import build_configs
-    from probe.training.schedule import Schedule
-
     for run in cfg.runs("."):
         try:
             _, _, train_cfg = build_configs(run.preset, run.task, list(run.overrides), steps=run.steps, seed=run.seed)
@@ -339,12 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             return _report(args, Path(args.out))
 
     def _confirm(args: argparse.Namespace) -> dict[str, Any]:
-        import json
         nonlocal failed
-
-        from probe.cli import envelope
-        from probe.results import load_grid
-        from probe.sweep.claims import claims_markdown, judge, load_claims
 
         if args.target or args.preset:
             raise ProbeError("--confirm takes its sweep from the claims file; drop the config or --preset")

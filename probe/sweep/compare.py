@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from probe.core.stats import (
+    Interval,
     benjamini_hochberg,
     can_reject,
     clopper_pearson,
@@ -266,8 +267,6 @@ def target_table(rows: pd.DataFrame) -> str:
 def _verdict(r: Any) -> str:
     """Holm-significant: the difference and its interval; significant only before adjustment: said so; else
     "no difference detected" with the interval (never "equal")."""
-    from probe.core.stats import Interval
-
     diff = Interval(r.difference, r.difference_ci_low, r.difference_ci_high, min(r.n_seeds, r.n_seeds_baseline))
     if not r.testable:
         return ("difference " + describe_difference(diff, 0.0, ALPHA)

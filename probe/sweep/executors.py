@@ -28,7 +28,7 @@ from typing import Any, Protocol
 from probe.core import interrupts
 from probe.core.extras import require
 from probe.errors import ProbeError
-from probe.sweep.config import Run
+from probe.results.config import Run
 from probe.sweep.worker import LOG, RunOptions, RunResult, WorkerFn
 
 GRACE_S = 60.0

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from probe.errors import ProbeError
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -65,8 +67,6 @@ def plot_windows(windows: pd.DataFrame, summary: pd.DataFrame, subtasks: Sequenc
     a grid's per-run window table (``Grid.windows``), ``summary`` its ``window_summary``."""
     import matplotlib.pyplot as plt
     import seaborn as sns
-
-    from probe.errors import ProbeError
 
     sns.set_theme(style="whitegrid", context="paper")
     present = [x for x in (subtasks or window_panels(windows)) if (windows.subtask == x).any()]

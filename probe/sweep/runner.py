@@ -15,7 +15,7 @@ from probe.core.lock import folder_lock
 from probe.core.package import __version__
 from probe.core.progress import progress_bar
 from probe.errors import ProbeError
-from probe.sweep.config import SWEEP_FILE, Run, SweepConfig
+from probe.results.config import SWEEP_FILE, Run, SweepConfig
 from probe.sweep.executors import Executor
 from probe.sweep.worker import LOG, RunOptions, RunResult, WorkerFn, check_final, execute_run, run_state
 

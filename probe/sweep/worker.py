@@ -22,7 +22,7 @@ from probe.core.lock import FolderLocked, Held, folder_lock
 from probe.errors import ProbeError
 from probe.evaluate import evaluate_checkpoints, evaluate_windows, evaluation_envelope
 from probe.hardware import precision_used
-from probe.sweep.config import Run, eval_lengths_for
+from probe.results.config import Run, eval_lengths_for
 from probe.training.config import TrainConfig
 from probe.training.overrides import build_configs
 from probe.training.trainer import train
@@ -33,7 +33,7 @@ LOG, EVAL = "train.log", "eval.json"
 @dataclass(frozen=True)
 class RunOptions:
     """What every run of a sweep shares. ``eval_samples``: sequences per length of the final evaluation;
-    ``eval_lengths``: its lengths (``probe.sweep.config.eval_lengths_for``; None: ``DEFAULT_LENGTHS``, to 16x);
+    ``eval_lengths``: its lengths (``probe.results.config.eval_lengths_for``; None: ``DEFAULT_LENGTHS``, to 16x);
     ``eval_factors``: also the state answers' accuracy modulo each factor of the modulus (``probe.evaluate
     --factors``); ``note``: a line for every run's log (what ``--quick`` reduced)."""
 

@@ -1,9 +1,8 @@
 """The training core, one responsibility a module, in reading order:
 
-- ``points``: a point in the run (``At``: a step or a fraction of the run) and its ``--set`` spellings.
-- ``settings``: a schedule as independent settings (``ScheduleConfig``), the rules between them, the table of named
-  variants (``VARIANTS``) and the one name of any schedule.
-- ``legacy``: every old spelling (old kinds, bare-number points, old ``--set`` items), read there and nowhere else.
+- ``probe.schedules`` (a floor below, since a checkpoint records a schedule): a point in the run (``At``), a schedule
+  as independent settings (``ScheduleConfig``, ``VARIANTS``, the one name of any schedule), and every old spelling;
+  ``At``, ``ScheduleConfig``, ``VARIANTS``, ``variant_name`` and ``variant_settings`` are importable from here too.
 - ``policies``: how a step's gradient is taken (plainly, or with attention's backward path cut).
 - ``schedule``: the live schedule of a run (``Schedule``): the gate, what trains and the gradient policy at a step.
 - ``config``: the training config (``TrainConfig``) and the learning rate at a step (``lr_at``).
@@ -22,8 +21,8 @@ Names are imported on first use, so that importing one module does not import th
 from probe.core.lazy import lazy_exports
 
 _EXPORTS = {
-    "At": "points",
-    **dict.fromkeys(["VARIANTS", "ScheduleConfig", "variant_name", "variant_settings"], "settings"),
+    "At": "probe.schedules.points",
+    **dict.fromkeys(["VARIANTS", "ScheduleConfig", "variant_name", "variant_settings"], "probe.schedules.settings"),
     **dict.fromkeys(["GradientPolicy", "PLAIN"], "policies"),
     "Schedule": "schedule",
     **dict.fromkeys(["OPTIMIZER_IMPLS", "PRECISIONS", "TrainConfig", "lr_at"], "config"),

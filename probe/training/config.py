@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from probe.errors import ProbeError
-from probe.training import legacy
-from probe.training.settings import ScheduleConfig
+from probe.schedules import legacy
+from probe.schedules.settings import ScheduleConfig
 
 PRECISIONS = ("fp32", "bf16", "bf16+fp32-recurrence", "auto")
 """``bf16``: forward and backward under ``torch.autocast(dtype=bfloat16)``; weights, optimizer state and loss stay

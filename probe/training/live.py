@@ -21,10 +21,10 @@ from probe.core.inputs import check_inputs
 from probe.core.progress import progress_bar
 from probe.core.task import IGNORE_INDEX, TaskSampler, as_sampler, need_train_length
 from probe.errors import ProbeError
-from probe.evaluate import accuracy_at_length
 from probe.training.batches import train_batch_seed
 from probe.training.config import TrainConfig, lr_at
 from probe.training.schedule import Schedule
+from probe.windows import accuracy_at_length
 
 EVAL_FACTORS = (1, 2, 3)
 """Evaluation lengths, as multiples of L_train (the trainer's: ``{mask}_acc_{f}x``)."""

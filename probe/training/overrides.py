@@ -8,12 +8,9 @@ from typing import Any
 
 from probe.errors import ProbeError
 from probe.external import AnyModelConfig, model_config_class, model_config_from_dict
-from probe.tasks import TaskConfig, make_task, task_from_dict
-from probe.training import legacy
-from probe.training.config import TrainConfig
-from probe.training.points import At, parse_point
-from probe.training.presets import PRESETS
-from probe.training.settings import (
+from probe.schedules import legacy
+from probe.schedules.points import At, parse_point
+from probe.schedules.settings import (
     POINTS,
     UNUSED_WHY,
     ScheduleConfig,
@@ -23,6 +20,9 @@ from probe.training.settings import (
     variant_settings,
     without_unused,
 )
+from probe.tasks import TaskConfig, make_task, task_from_dict
+from probe.training.config import TrainConfig
+from probe.training.presets import PRESETS
 
 SECTIONS = ("model", "task", "train", "schedule")
 

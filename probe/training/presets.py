@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from probe.training.points import At
-from probe.training.settings import VARIANTS
+from probe.schedules.points import At
+from probe.schedules.settings import VARIANTS
 
 # Presets, tuned on CPU for the interleaved task (m 10, 6 pairs of 16 keys / 16 values, q 0.2, lengths 1..25).
 # The hybrid presets differ only in the schedule; `lstm` is the hybrid without attention sublayers; `transformer`

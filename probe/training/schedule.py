@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from probe.errors import ProbeError
+from probe.schedules.settings import ScheduleConfig, check_fits_model
 from probe.training.policies import (
     PLAIN,
     AttentionHistory,
@@ -17,7 +18,6 @@ from probe.training.policies import (
     SplitCut,
     random_direction_seed,
 )
-from probe.training.settings import ScheduleConfig, check_fits_model
 
 if TYPE_CHECKING:
     from torch import Tensor

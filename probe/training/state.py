@@ -78,3 +78,12 @@ def step_state(ckpt: Checkpoint) -> StepState:
                                 .get("switched_at")), cfg, step, n_attention)
     gates = rebuilt.gates if ckpt.train_config.get("schedule") else None
     return StepState(step, gates, rebuilt.lr, rebuilt.batch_draw, rebuilt.batch_seed, rebuilt.batch_size, False)
+
+
+def schedule_gate(ckpt: Checkpoint) -> list[float] | None:
+    """Each attention block's gate at the checkpoint's step, as the trainer recorded it (rebuilt from the configs of
+    a checkpoint written before the record); None when no schedule is recorded or the model has no attention."""
+    if not ckpt.model_config.has_attention:
+        return None
+    gates = step_state(ckpt).gates
+    return list(gates) if gates else None

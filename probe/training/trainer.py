@@ -20,7 +20,6 @@ from probe.core.chance import chance
 from probe.core.lock import folder_lock
 from probe.core.progress import progress_bar
 from probe.errors import ProbeError
-from probe.evaluate import accuracy_at_length
 from probe.external import AnyModelConfig, build_any
 from probe.models import ModelConfig
 from probe.tasks import IGNORE_INDEX, Batch, TaskConfig
@@ -28,6 +27,7 @@ from probe.training.batches import train_batch_seed, training_batch
 from probe.training.config import TrainConfig, lr_at
 from probe.training.schedule import Schedule
 from probe.training.state import KEY, state_at
+from probe.windows import accuracy_at_length
 
 
 class Trainer:

@@ -453,8 +453,8 @@ def _placebo_run(folder: Path, mlp_scale: float) -> list[dict]:
     # the library's tests' tiny run (tests/test_train.py), built here: the study's tests do not import the library's
     from probe.evaluate import evaluate_checkpoints, evaluate_windows, evaluation_envelope
     from probe.models import ModelConfig
+    from probe.schedules.settings import VARIANTS, ScheduleConfig
     from probe.tasks import make_task
-    from probe.training.settings import VARIANTS, ScheduleConfig
     from probe.training.trainer import TrainConfig, Trainer
 
     task = make_task("interleaved", train_length=6)

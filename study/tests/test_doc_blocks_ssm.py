@@ -120,7 +120,7 @@ def _rows(text: str, variant: str) -> list[str]:
 
 
 def test_the_screen_extends_exactly_the_variants_with_a_seed_at_90_in_4x_8x(B, tmp_path, screen_of_three):
-    from probe.sweep.config import load_config
+    from probe.results.config import load_config
 
     root = _root(tmp_path)
     _boundary(root)
@@ -161,7 +161,7 @@ def test_a_planned_variant_with_no_run_collected_is_pending_not_passed_over(B, t
 
 def test_every_variant_of_the_screen_is_named_after_its_preset():
     """extension_toml writes preset = name: true of every variant of sweeps/ssm_boundary.toml."""
-    from probe.sweep.config import load_config
+    from probe.results.config import load_config
 
     assert all(v.name == v.preset for v in load_config(ROOT / "study" / "sweeps" / "ssm_boundary.toml").variants)
 

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from probe.models import ModelConfig
+from probe.schedules.points import At
+from probe.schedules.settings import ScheduleConfig
 from probe.tasks import make_task
 from probe.training.config import TrainConfig
-from probe.training.points import At
-from probe.training.settings import ScheduleConfig
 from probe.training.trainer import train
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -22,7 +22,7 @@ def R(study_scripts):
 
 
 def test_the_grid_is_the_mechanism_grid_s_joint_with_snapshots_to_resume_from():
-    from probe.sweep.config import eval_lengths_for, load_config
+    from probe.results.config import eval_lengths_for, load_config
     from probe.training.overrides import build_configs
 
     def configs(run):

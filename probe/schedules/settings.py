@@ -9,7 +9,7 @@ from dataclasses import InitVar, dataclass
 from typing import Any
 
 from probe.errors import ProbeError
-from probe.training.points import At
+from probe.schedules.points import At
 
 GATES = ("on", "off-until-switch", "ramp")
 """The attention gate's curve: 1 throughout; 0 until the switch, then 1; or 0 until the switch, then rising linearly

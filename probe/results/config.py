@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from probe.core.lengths import parse_lengths
 from probe.errors import ProbeError
 from probe.training.presets import PRESETS
 
@@ -256,8 +257,6 @@ def eval_lengths_for(spec: str | None, train_length: int) -> list[int]:
     ``"Kx"`` with K > 4: that, then every L_train up to K x L_train (16x of L 25: 1..100, 125, 150, ..., 400).
     ``"coarse"``: every (L_train / 5)-th length up to 4x. Otherwise a comma list of lengths and START:STOP[:STEP] ranges
     (``"1:100,125:400:25"``); pieces combine."""
-    from probe.core.lengths import parse_lengths
-
     if spec is None:
         spec = DEFAULT_LENGTHS
     out: set[int] = set()

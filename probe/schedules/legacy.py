@@ -26,8 +26,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from probe.errors import ProbeError
-from probe.training.points import At
-from probe.training.settings import (
+from probe.schedules.points import At
+from probe.schedules.settings import (
     DEFAULTS,
     FROZEN_RNN,
     POINTS,
