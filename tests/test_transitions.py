@@ -340,3 +340,22 @@ def test_analyze_runs_the_long_stream_once_and_reads_the_same_columns_as_two_pas
     assert other.prefix_len != TASK.prefix_len
     with pytest.raises(ProbeError, match="another task"):
         measure_fade(model, TASK, n_samples=4, stream=sample_stream(model, other, n_samples=4))
+
+
+def test_plain_output_gives_each_control_its_value_threshold_and_meaning(tmp_path, capsys):
+    """Every control line of the plain output (``probe.core.rows.control_line``) carries the row's value, its
+    threshold and what a failure means. A hand-set counter passes all three; the same SSM untrained (no counter)
+    fails ``reinit`` and ``shuffled_digits``, and the lines say FAIL beside the numbers that failed them."""
+    counter = ssm("complex")
+    _set_known(counter, TASK, channel=0)
+    for name, model, failing in (("counter", counter, set()), ("untrained", ssm("complex"),
+                                                                  {"reinit", "shuffled_digits"})):
+        path = save_checkpoint(tmp_path / f"{name}.pt", checkpoint_from_model(model, TASK))
+        assert main([str(path), "--samples", "8"]) == 0
+        out = capsys.readouterr().out
+        lines = {c: next(line for line in out.splitlines() if f" {c} " in line)
+                 for c in ("known_rotation", "reinit", "shuffled_digits")}
+        for control, line in lines.items():
+            assert line.lstrip().startswith("FAIL" if control in failing else "ok")
+            assert "(passes if " in line and "no threshold recorded" not in line and "a fail means" in line
+        assert "value 0 (passes if <= 0)" in lines["reinit"] and "(passes if >= 80)" in lines["known_rotation"]
