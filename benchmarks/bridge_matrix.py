@@ -7,8 +7,11 @@ between the markers). ``tests/test_bridge.py`` regenerates it and fails where th
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
+import tempfile
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -26,35 +29,43 @@ from probe.tasks import make_task  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "bridge.md"
 BEGIN, END = "<!-- bridge-matrix:begin -->", "<!-- bridge-matrix:end -->"
-ARCHS = ["jamba", "qwen3-next", "falcon-h1", "nemotron-h", "lfm2", "bamba", "olmo-hybrid", "mamba2", "mamba",
-         "falcon-mamba", "rwkv", "recurrentgemma"]
+ARCHS = ["jamba", "qwen3-next", "falcon-h1", "nemotron-h", "lfm2", "bamba", "granitemoehybrid", "olmo-hybrid",
+         "mamba2", "mamba", "falcon-mamba", "rwkv", "recurrentgemma"]
 L = 6  # sequence length: every cell is a smoke run of the analysis on a tiny model, never a measurement
 
 
-def _dat(model: BridgedModel, task: Any) -> None:
-    """What probe's trainer asks of a model under DAT, for 2 + 2 steps: gate 0 and attention held out of the
-    optimizer, then gate 1 with every parameter; the attention parameters must not move in phase 1."""
-    if not model.attention_names:
-        raise ProbeError(f"{model.cfg.family}: no attention component, so there is no attention to delay")
-    att = {id(p) for p in model.attention_parameters()}
-    rest = [p for p in model.parameters() if id(p) not in att]
-    before = [p.detach().clone() for p in model.attention_parameters()]
-    for phase, (gate, params) in enumerate([(0.0, rest), (1.0, list(model.parameters()))]):
-        model.set_attention_gate(gate)
-        opt = torch.optim.AdamW(params, lr=1e-3)
-        for step in range(2):
-            batch = task.sample(L, 4, 10 * phase + step)
-            opt.zero_grad()
-            model(batch.tokens, batch.labels, return_type="loss").backward()
-            opt.step()
-        if phase == 0 and any(not torch.equal(b, p) for b, p in zip(before, model.attention_parameters(),
-                                                                        strict=True)):
-            raise AssertionError("attention moved while delayed")
+def _dat(arch: str, task: Any) -> None:
+    """probe's trainer (``probe.training.train``) on ``arch`` as a ``BridgeModelConfig``, DAT switching at step 2 of
+    4, float32 snapshots every 2 steps; then the attention parameters must be those of step 0 at the switch and have
+    moved by step 4, and ``final.pt`` must rebuild (offline, ``torch.load(weights_only=True)``) to the same logits
+    as the last snapshot."""
+    from probe.bridge import BridgeModelConfig
+    from probe.checkpoint import load_checkpoint
+    from probe.training import build_configs, train
+
+    _, _, cfg = build_configs("hybrid-dat", overrides=[
+        "train.steps=4", "schedule.switch=2", "train.batch_size=4", "train.warmup=1", "train.eval_every=4",
+        "train.eval_samples=4", "train.ckpt_every=4", "train.traj_every=2", "train.traj_dtype=float32"])
+    model_cfg = BridgeModelConfig(arch=arch, d_model=32, n_layers=2, vocab_size=task.vocab_size)
+    with tempfile.TemporaryDirectory() as out, contextlib.redirect_stderr(io.StringIO()):
+        train(model_cfg, task, cfg, out, progress=False)
+        snaps = [load_checkpoint(Path(out) / "trajectory" / f"step_{s:06d}.pt") for s in (0, 2, 4)]
+        final = load_checkpoint(Path(out) / "final.pt")
+        model = final.build_model()
+    names = {n for n, p in model.named_parameters() if any(p is q for q in model.attention_parameters())}
+    held = all(torch.equal(snaps[0].state_dict[n], snaps[1].state_dict[n]) for n in names)
+    moved = any(not torch.equal(snaps[1].state_dict[n], snaps[2].state_dict[n]) for n in names)
+    if not (names and held and moved):
+        raise AssertionError(f"attention held while delayed: {held}, moved after the switch: {moved}")
+    tokens = task.sample(L, 2, 0).tokens
+    with torch.no_grad():
+        again = snaps[2].build_model()
+        if not torch.equal(model(tokens), again(tokens)):
+            raise AssertionError("final.pt does not rebuild to the last snapshot's logits")
 
 
 def _cells(task: Any) -> dict[str, Callable[[BridgedModel], Any]]:
     from probe.attributions.occlusion import resample_occlusion
-    from probe.evaluate import accuracy_at_length
     from probe.gradients import interference
     from probe.gradients.inputs import LookaheadConfig
     from probe.gradients.lookahead import measure_lookahead
@@ -63,6 +74,7 @@ def _cells(task: Any) -> dict[str, Callable[[BridgedModel], Any]]:
     from probe.sharpness.measure import sharpness_curve
     from probe.shortcuts.knockout import attention_knockout
     from probe.transitions import can_count
+    from probe.windows import evaluate
 
     batch = task.sample(L, 4, 0)
     return {
@@ -76,8 +88,8 @@ def _cells(task: Any) -> dict[str, Callable[[BridgedModel], Any]]:
         "shortcuts": lambda m: attention_knockout(m, task, lengths=[L], n_sequences=4),
         "sharpness": lambda m: sharpness_curve(m, task, [L], n_samples=4),
         "transitions": lambda m: can_count(m, task, length=L, n_samples=2),
-        "evaluate": lambda m: accuracy_at_length(m, task, L, n_samples=4),
-        "DAT training": lambda m: _dat(m, task),
+        "evaluate": lambda m: evaluate(m, task, n_samples=4),
+        "DAT training": lambda m: _dat(m.module.probe_arch, task),
     }
 
 
@@ -104,7 +116,7 @@ def matrix(archs: list[str] = ARCHS) -> dict[str, dict[str, str]]:
     """``{arch: {analysis: cell}}``; an architecture that cannot be wrapped gets its refusal in every cell but
     evaluate's (the bridge itself still maps tokens to logits)."""
     from probe.bridge import boot
-    from probe.evaluate import accuracy_at_length
+    from probe.windows import evaluate
 
     task = make_task("interleaved", train_length=L)
     cells = _cells(task)
@@ -115,7 +127,7 @@ def matrix(archs: list[str] = ARCHS) -> dict[str, dict[str, str]]:
             model = bridged(arch, task)
         except ProbeError as e:
             row = dict.fromkeys(cells, _one_line(e))
-            row["evaluate"] = cell(lambda b: accuracy_at_length(b, task, L, n_samples=4), boot(arch, task))
+            row["evaluate"] = cell(lambda b: evaluate(b, task, n_samples=4), boot(arch, task))
             out[arch] = row
             continue
         out[arch] = {name: cell(fn, model) for name, fn in cells.items()}

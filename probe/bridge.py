@@ -15,6 +15,8 @@ the bridge the interface of a ``probe.wrap``-ped model (``BridgedModel``): its a
 (``blocks.{i}.attn``), its recurrent mixers (``blocks.{i}.mixer``, ``blocks.{i}.linear_attn``, ...) and each block's
 output as the residual stream, with a gate on each attention output so DAT trains it. ``ARCHS`` lists the
 architectures ``boot`` builds; the table in ``docs/bridge.md`` says which analysis runs on which.
+``BridgeModelConfig`` is one of them as a model config, what probe's trainer builds (the ``bridge-*`` presets) and a
+checkpoint records (the whole transformers config, so it rebuilds offline).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,6 +35,7 @@ from transformer_lens.hook_points import HookPoint
 
 from probe.core.gates import attribute_set
 from probe.errors import ProbeError
+from probe.external import WrappedSizes
 from probe.models.hooked import Sublayer
 from probe.wrapped import WrappedConfig, WrappedModel
 
@@ -55,7 +58,7 @@ ARCHS: dict[str, tuple[str, Fields]] = {
         hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
         num_key_value_heads=_heads(d), attn_layer_period=2, attn_layer_offset=1, num_experts=1,
         num_experts_per_tok=1, expert_layer_period=1, expert_layer_offset=0, mamba_d_state=8, mamba_d_conv=4,
-        mamba_expand=2, mamba_dt_rank=max(1, d // 16), use_mamba_kernels=False)),
+        mamba_expand=2, mamba_dt_rank=max(1, d // 16))),
     "qwen3-next": ("Qwen3Next", lambda d, n, v: dict(
         hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
         num_key_value_heads=1, head_dim=16, linear_conv_kernel_dim=4, linear_key_head_dim=16,
@@ -68,7 +71,7 @@ ARCHS: dict[str, tuple[str, Fields]] = {
     "nemotron-h": ("NemotronH", lambda d, n, v: dict(
         hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
         num_key_value_heads=_heads(d), head_dim=16, ssm_state_size=8, mamba_num_heads=2 * d // 16,
-        mamba_head_dim=16, n_groups=1, chunk_size=16, use_mamba_kernels=False,
+        mamba_head_dim=16, n_groups=1, chunk_size=16,
         layers_block_type=_alternate(n, "mamba", "attention"))),
     "lfm2": ("Lfm2", lambda d, n, v: dict(
         hidden_size=d, intermediate_size=2 * d, num_hidden_layers=n, num_attention_heads=_heads(d),
@@ -118,24 +121,34 @@ def _vocab_size(task: Any, vocab_size: int | None) -> int:
     return size
 
 
-def hf_model(arch: str, vocab_size: int, d_model: int = 32, n_layers: int = 2, seed: int = 0,
-             **fields: Any) -> nn.Module:
-    """The transformers ``...ForCausalLM`` of ``arch`` (``ARCHS``) with random weights drawn from ``seed``, in eval
-    mode, its ``config.architectures`` set (what the bridge reads to pick its adapter). ``fields`` override the
-    config's."""
-    import transformers
-
+def config_fields(arch: str, vocab_size: int, d_model: int = 32, n_layers: int = 2, **fields: Any) -> dict[str, Any]:
+    """The whole transformers config of ``arch``'s tiny model (``ARCHS``) at this width, depth and vocabulary, with
+    no special token ids (``NO_SPECIAL_TOKENS``); ``fields`` override any of it."""
     if arch not in ARCHS:
         raise ProbeError(f"probe.bridge builds {', '.join(ARCHS)}, not {arch!r}; a model you built yourself goes "
                          "straight to TransformerBridge.boot_transformers(name, hf_model=model, tokenizer=...)")
     if d_model % 16 or d_model < 16:
         raise ProbeError(f"d_model={d_model}: give a multiple of 16 (heads and SSM heads are 16 wide)")
-    prefix, make = ARCHS[arch]
-    config = getattr(transformers, f"{prefix}Config")(
-        vocab_size=vocab_size, **(make(d_model, n_layers, vocab_size) | NO_SPECIAL_TOKENS | fields))
+    return {"vocab_size": vocab_size, **ARCHS[arch][1](d_model, n_layers, vocab_size), **NO_SPECIAL_TOKENS, **fields}
+
+
+def hf_model(arch: str, vocab_size: int, d_model: int = 32, n_layers: int = 2, seed: int | None = 0,
+             **fields: Any) -> nn.Module:
+    """The transformers ``...ForCausalLM`` of ``arch`` (``ARCHS``) built from ``config_fields`` with random weights
+    drawn from ``seed`` (None: from torch's random state as it is, as a trainer seeds it), in eval mode, its
+    ``config.architectures`` set (what the bridge reads to pick its adapter). ``fields`` override the config's."""
+    return _from_fields(arch, config_fields(arch, vocab_size, d_model, n_layers, **fields), seed)
+
+
+def _from_fields(arch: str, fields: dict[str, Any], seed: int | None) -> nn.Module:
+    import transformers
+
+    prefix = ARCHS[arch][0]
+    config = getattr(transformers, f"{prefix}Config")(**fields)
     config.architectures = [f"{prefix}ForCausalLM"]
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
         model = getattr(transformers, f"{prefix}ForCausalLM")(config)
     return model.eval()
 
@@ -155,16 +168,19 @@ def word_tokenizer(vocab_size: int, folder: str) -> Any:
 
 
 def boot(arch: str, task: Any = None, *, vocab_size: int | None = None, d_model: int = 32, n_layers: int = 2,
-         seed: int = 0, device: str = "cpu", **fields: Any) -> Any:
+         seed: int | None = 0, device: str = "cpu", **fields: Any) -> Any:
     """A ``TransformerBridge`` over a fresh ``arch`` model (``hf_model``) sized for ``task``'s vocabulary, booted
     with no download: ``TransformerBridge.boot_transformers(folder, hf_model=..., tokenizer=...)`` on a temporary
     folder holding the tokenizer. Its logits are the transformers model's (tested per architecture)."""
+    size = _vocab_size(task, vocab_size)
+    return _boot(arch, hf_model(arch, size, d_model, n_layers, seed, **fields), size, device)
+
+
+def _boot(arch: str, model: nn.Module, vocab_size: int, device: str = "cpu") -> Any:
     from transformer_lens.model_bridge import TransformerBridge
 
-    size = _vocab_size(task, vocab_size)
-    model = hf_model(arch, size, d_model, n_layers, seed, **fields)
     with tempfile.TemporaryDirectory() as folder, _offline():
-        tokenizer = word_tokenizer(size, folder)
+        tokenizer = word_tokenizer(vocab_size, folder)
         bridge = TransformerBridge.boot_transformers(folder, hf_model=model, tokenizer=tokenizer, device=device)
     bridge.probe_arch = arch
     return bridge.eval()
@@ -368,6 +384,53 @@ def wrap(bridge: Any, task: Any = None) -> BridgedModel:
 def model(arch: str, task: Any = None, **kwargs: Any) -> BridgedModel:
     """``wrap(boot(arch, task, **kwargs), task)``: a fresh bridged ``arch`` model, ready for any analysis."""
     return wrap(boot(arch, task, **kwargs), task)
+
+
+# --- a bridged model as a config the trainer and checkpoints take --------------------------------------------------
+NO_ATTENTION = ("mamba", "mamba2", "falcon-mamba", "rwkv")
+"""The architectures of ``ARCHS`` that have no attention layer (a pure recurrence): a schedule other than joint does
+nothing on them and is refused before any work, as on probe's ``lstm`` family."""
+
+
+@dataclass(frozen=True)
+class BridgeModelConfig(WrappedSizes):
+    """A bridged architecture (``arch`` in ``ARCHS``) as a model config: what ``python -m probe.train`` builds (the
+    ``bridge-*`` presets, ``--set model.arch=...``) and what a checkpoint records. ``transformers`` holds, once made,
+    the whole transformers config (``config_fields`` at this width, depth and vocabulary, with the fields given
+    there overriding), so a checkpoint rebuilds the model it was trained as, offline, even if ``ARCHS``'s tiny
+    configs change later. The weights come from torch's random state when built (the trainer seeds it)."""
+
+    arch: str = "jamba"
+    d_model: int = 128
+    n_layers: int = 2
+    vocab_size: int = 0
+    transformers: dict[str, Any] = field(default_factory=dict)
+    family: str = "bridge"
+
+    def __post_init__(self) -> None:
+        given = dict(self.transformers)
+        given.pop("vocab_size", None)  # the task's vocabulary wins: a recorded config holds it too
+        object.__setattr__(self, "transformers", config_fields(self.arch, self.vocab_size, self.d_model,
+                                                               self.n_layers, **given))
+
+    @property
+    def name(self) -> str:
+        return f"bridge-{self.arch}"
+
+    @property
+    def has_attention(self) -> bool:  # type: ignore[override]
+        return self.arch not in NO_ATTENTION
+
+    @property
+    def n_heads(self) -> int:  # type: ignore[override]
+        return int(self.transformers.get("num_attention_heads") or 1)
+
+    def build(self, task: Any = None) -> BridgedModel:
+        """The bridged model: the transformers model from ``transformers`` (random weights from torch's random
+        state), booted offline and wrapped."""
+        model = wrap(_boot(self.arch, _from_fields(self.arch, self.transformers, seed=None), self.vocab_size), task)
+        model.source_config = self  # what its checkpoints record (checkpoint_from_model)
+        return model
 
 
 # --- the per-token transitions of a bridged recurrence ---------------------------------------------------------------

@@ -64,7 +64,7 @@ hybrid at the same width (one recurrent and one attention module, MLPs 3-4x wide
 _CLASSES = {"recurrent_gemma": "RecurrentGemma", "jamba": "Jamba", "falcon_h1": "FalconH1"}
 
 
-class _WrappedSizes:
+class WrappedSizes:
     """What analyses and the memory planner read from a model's config, for a model probe did not define."""
 
     has_attention = True
@@ -84,7 +84,7 @@ class _WrappedSizes:
 
 
 @dataclass(frozen=True)
-class HFModelConfig(_WrappedSizes):
+class HFModelConfig(WrappedSizes):
     """A transformers hybrid (``arch`` in ``HF_ARCHS``) sized by width, layers and heads, plus any transformers config
     field in ``transformers`` (``--set 'model.transformers={"mamba_d_state": 8}'``). Once made, ``transformers`` holds
     the whole config the model is built from, and that is what a checkpoint records."""
@@ -127,7 +127,7 @@ class HFModelConfig(_WrappedSizes):
 
 
 @dataclass(frozen=True)
-class FactoryModelConfig(_WrappedSizes):
+class FactoryModelConfig(WrappedSizes):
     """A model made by ``factory`` (``package.module:callable`` returning ``(wrapped model, task)``), called again to
     rebuild a checkpoint: it must be importable there, and build the same architecture. Sizes are read from the
     model when it is first built (``of``)."""
@@ -188,6 +188,8 @@ def call_factory(spec: str) -> tuple[Any, TaskConfig]:
         raise ProbeError(f"{spec}: the factory must return (model, task): a model from probe.wrap and a "
                          f"probe.tasks TaskConfig; it returned {type(made).__name__}")
     model, task = made
+    if type(model).__name__ == "TransformerBridge":  # TransformerLens's bridge, wrapped as any analysis takes it
+        model = imported(BY_PATH["bridge-wrap"])(model, task)
     if not isinstance(model, WrappedModel) and not hasattr(model, "blocks"):
         raise ProbeError(f"{spec}: the factory's model is a {type(model).__name__}: wrap it with "
                          "probe.wrap(model, attention=[...], recurrent=[...]) first")
@@ -196,13 +198,26 @@ def call_factory(spec: str) -> tuple[Any, TaskConfig]:
     return model, task
 
 
-AnyModelConfig = ModelConfig | HFModelConfig | FactoryModelConfig
+# every config of a model probe did not define is a WrappedSizes: HFModelConfig, FactoryModelConfig, BY_PATH's
+AnyModelConfig = ModelConfig | WrappedSizes
 _BY_FAMILY: dict[str, type] = {"hf": HFModelConfig, "factory": FactoryModelConfig}
+BY_PATH: dict[str, str] = {"bridge": "probe.bridge:BridgeModelConfig", "bridge-wrap": "probe.bridge:wrap"}
+"""What ``probe.bridge`` defines (it builds on this module, which cannot import it back), by import path: the config
+type of the ``bridge`` model family, read when a preset or a checkpoint names the family, and the wrapper of a
+``TransformerBridge`` that a factory returns; imported only when used, as ``transformers`` is."""
+
+
+def imported(path: str) -> Any:
+    """The object ``package.module:name`` names."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def model_config_class(family: str | None) -> type:
-    """The config type of a model family: ``HFModelConfig`` for ``hf``, ``FactoryModelConfig`` for ``factory``,
-    probe's ``ModelConfig`` for every other."""
+    """The config type of a model family: ``HFModelConfig`` for ``hf``, ``FactoryModelConfig`` for ``factory``, the
+    class ``BY_PATH`` names for ``bridge``, probe's ``ModelConfig`` for every other."""
+    if family == "bridge":
+        return imported(BY_PATH[family])
     return _BY_FAMILY.get(family or "", ModelConfig)
 
 

@@ -154,3 +154,85 @@ def test_the_committed_matrix_is_what_the_code_does():
 
     committed = bridge_matrix.DOC.read_text().partition(bridge_matrix.BEGIN)[2].partition(bridge_matrix.END)[0]
     assert committed.strip() == bridge_matrix.table(bridge_matrix.matrix()).strip()
+
+
+# --- a bridged model as probe's trainer and checkpoints take it -----------------------------------------------------
+SMALL_RUN = ["--set", "model.d_model=32", "--steps", "4", "--set", "schedule.switch=2", "--set", "train.warmup=1",
+             "--set", "train.batch_size=4", "--set", "train.eval_samples=4", "--set", "train.traj_every=2",
+             "--set", "train.traj_dtype=float32", "--no-progress"]
+
+
+def test_a_bridge_preset_trains_under_dat_and_its_checkpoint_rebuilds_offline(tmp_path):
+    from probe.bridge import BridgeModelConfig
+    from probe.checkpoint import load_checkpoint
+    from probe.training.cli import main as train_main
+
+    assert train_main(["--preset", "bridge-qwen3-next-dat", *SMALL_RUN, "--out", str(tmp_path / "run")]) == 0
+    final = load_checkpoint(tmp_path / "run" / "final.pt")  # torch.load(weights_only=True) inside
+    assert isinstance(final.model_config, BridgeModelConfig) and final.label == "bridge-qwen3-next-dat"
+    assert final.model_config.transformers["layer_types"] == ["linear_attention", "full_attention"]
+    model = final.build_model()
+    assert all(torch.equal(final.state_dict[k], v) for k, v in model.state_dict().items())
+    # DAT as the trainer runs it: attention held at its initial weights until the switch (step 2), trained after
+    snaps = [load_checkpoint(tmp_path / "run" / "trajectory" / f"step_{s:06d}.pt").state_dict for s in (0, 2, 4)]
+    attention = [k for k in snaps[0] if ".blocks.1." in k and ".attn." in k and snaps[0][k].is_floating_point()]
+    assert attention and all(torch.equal(snaps[0][k], snaps[1][k]) for k in attention)
+    assert any(not torch.equal(snaps[1][k], snaps[2][k]) for k in attention)
+    recurrent = [k for k in snaps[0] if ".linear_attn." in k and snaps[0][k].is_floating_point()]
+    assert any(not torch.equal(snaps[0][k], snaps[1][k]) for k in recurrent)  # the recurrence trains from step 0
+
+
+def test_a_bridge_config_rebuilds_what_it_recorded_and_draws_weights_from_the_seed(task, monkeypatch):
+    from probe.bridge import ARCHS, BridgeModelConfig
+    from probe.external import model_config_from_dict
+
+    cfg = BridgeModelConfig(arch="qwen3-next", d_model=32, vocab_size=task.vocab_size)
+    recorded = cfg.to_dict()
+    prefix, make = ARCHS["qwen3-next"]
+    monkeypatch.setitem(ARCHS, "qwen3-next", (prefix, lambda d, n, v: make(d, n, v) | {"intermediate_size": 3 * d}))
+    assert model_config_from_dict(recorded).transformers == cfg.transformers  # what was trained, not today's default
+    torch.manual_seed(0)
+    a = cfg.build(task).state_dict()
+    torch.manual_seed(0)
+    b = cfg.build(task).state_dict()
+    torch.manual_seed(1)
+    c = cfg.build(task).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], c[k]) for k in a)
+
+
+def test_dat_on_a_bridged_pure_recurrence_is_refused_before_any_work():
+    from probe.training import build_configs
+
+    with pytest.raises(ProbeError, match="does nothing on a bridge model, which has no attention") as e:
+        build_configs("bridge-jamba-dat", overrides=["model.arch=mamba2"])
+    assert "\n" not in str(e.value)
+    with pytest.raises(ProbeError, match="probe.bridge builds"):
+        build_configs("bridge-jamba-dat", overrides=["model.arch=gpt2"])
+
+
+BRIDGE_FACTORY = '''
+import probe
+from probe.tasks import make_task
+
+
+def factory():
+    task = make_task("interleaved", train_length=6)
+    return probe.bridge.boot("qwen3-next", task), task
+'''
+
+
+def test_a_factory_that_returns_a_transformer_bridge_trains_from_the_command_line(tmp_path, monkeypatch):
+    from probe.checkpoint import load_checkpoint
+    from probe.external import FactoryModelConfig
+    from probe.training.cli import main as train_main
+
+    (tmp_path / "my_bridge.py").write_text(BRIDGE_FACTORY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = tmp_path / "run"
+    assert train_main(["--model", "my_bridge:factory", "--preset", "hybrid-dat", *SMALL_RUN[2:], "--out",
+                       str(run)]) == 0
+    final = load_checkpoint(run / "final.pt")
+    assert isinstance(final.model_config, FactoryModelConfig) and final.label == "my_bridge:factory-dat"
+    model = final.build_model()
+    assert isinstance(model, probe.bridge.BridgedModel) and model.attention_gates() == [1.0]
+    sys.modules.pop("my_bridge", None)

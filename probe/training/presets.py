@@ -76,3 +76,12 @@ PRESETS["hybrid-recipe"] = PRESETS["hybrid-4block-joint"]
 PRESETS.update({f"hf-{arch}-{s}": dict(PRESETS[f"hybrid-{s}"], model=dict(family="hf", arch=arch, d_model=128,
                                                                           n_layers=2, n_heads=4))
                 for arch in ("recurrentgemma", "jamba", "falcon-h1") for s in ("joint", "dat")})
+
+# Hybrids TransformerLens bridges (probe.bridge.BridgeModelConfig, family "bridge", built offline from the tiny
+# transformers config probe.bridge.ARCHS gives at this width): Jamba (a Mamba mixer, then attention), Qwen3-Next (a
+# gated DeltaNet, then attention) and Nemotron-H (a Mamba-2 mixer, then attention), at the width, depth and training
+# of the 2-block hybrid, jointly and with DAT: bridge-jamba-dat, ... Any other bridged architecture:
+# --set model.arch=NAME. benchmarks/bridge_step.py times one step of each against the 2-block hybrid.
+PRESETS.update({f"bridge-{arch}-{s}": dict(PRESETS[f"hybrid-{s}"], model=dict(family="bridge", arch=arch,
+                                                                              d_model=128, n_layers=2))
+                for arch in ("jamba", "qwen3-next", "nemotron-h") for s in ("joint", "dat")})
