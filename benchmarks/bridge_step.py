@@ -1,8 +1,9 @@
 """What one training step of a bridged hybrid costs against probe's own 2-block hybrid of the same width.
 
 Usage: ``python benchmarks/bridge_step.py [--steps 10] [--threads 1] [--presets bridge-jamba-dat,...]``.
-Each model is the one ``python -m probe.train`` trains for its preset (``hybrid-dat`` and the ``bridge-*-dat`` presets:
-width 128, 2 layers; ``probe.bridge.ARCHS`` states the transformers configs). A step is the trainer's own
+Each model is the one ``python -m probe.train`` trains for its preset (``hybrid-dat`` and every ``bridge-*-dat`` preset,
+``bridge-nemotron-h-lstm-dat``'s nn.LSTM in Nemotron-H's layout among them: width 128, 2 layers;
+``probe.bridge.ARCHS`` states the transformers configs). A step is the trainer's own
 (``Trainer.train_step``): the batch of that step (lengths drawn from 1..L_train, batch 64), the schedule's gate and
 trainable parameters, forward, cross-entropy, backward, gradient clipping, AdamW. Each step index is run by every
 model in turn (A B C D A B C D ...), so all see the same batch and machine noise hits all alike; two warm-up rounds
@@ -65,12 +66,13 @@ def main() -> None:
     print(f"one training step (Trainer.train_step), batch {cfg.batch_size}, lengths 1..{task.train_length} (+ the "
           f"dictionary prefix), {args.threads} thread(s), torch {torch.__version__}; median of {args.steps} "
           "interleaved steps per phase")
-    print(f"{'preset':<24} {'parameters':>10} {'delayed (ms)':>13} {'x hybrid':>9} {'on (ms)':>9} {'x hybrid':>9}")
+    width = max(map(len, trainers))
+    print(f"{'preset':<{width}} {'parameters':>10} {'delayed (ms)':>13} {'x hybrid':>9} {'on (ms)':>9} {'x hybrid':>9}")
     for name, trainer in trainers.items():
         n = sum(p.numel() for p in trainer.model.parameters())
         cells = [f"{1000 * phases[p][name]:>{w}.1f} {phases[p][name] / phases[p][BASE]:>9.2f}"
                  for p, w in (("delayed", 13), ("attention on", 9))]
-        print(f"{name:<24} {n:>10,} {' '.join(cells)}")
+        print(f"{name:<{width}} {n:>10,} {' '.join(cells)}")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from probe.core.gates import attribute_set
 from probe.errors import ProbeError
 from probe.external import WrappedSizes
 from probe.models.hooked import Sublayer
-from probe.wrapped import WrappedConfig, WrappedModel
+from probe.wrapped import HookedRNN, WrappedConfig, WrappedModel
 
 # --- tiny configs, one per architecture -----------------------------------------------------------------------------
 Fields = Callable[[int, int, int], dict[str, Any]]
@@ -132,17 +132,20 @@ def config_fields(arch: str, vocab_size: int, d_model: int = 32, n_layers: int =
     return {"vocab_size": vocab_size, **ARCHS[arch][1](d_model, n_layers, vocab_size), **NO_SPECIAL_TOKENS, **fields}
 
 
-def hf_model(arch: str, vocab_size: int, d_model: int = 32, n_layers: int = 2, seed: int | None = 0,
-             **fields: Any) -> nn.Module:
+def hf_model(arch: str, vocab_size: int, d_model: int = 32, n_layers: int = 2, seed: int | None = 0, *,
+             recurrent: str = "native", **fields: Any) -> nn.Module:
     """The transformers ``...ForCausalLM`` of ``arch`` (``ARCHS``) built from ``config_fields`` with random weights
     drawn from ``seed`` (None: from torch's random state as it is, as a trainer seeds it), in eval mode, its
-    ``config.architectures`` set (what the bridge reads to pick its adapter). ``fields`` override the config's."""
-    return _from_fields(arch, config_fields(arch, vocab_size, d_model, n_layers, **fields), seed)
+    ``config.architectures`` set (what the bridge reads to pick its adapter). ``fields`` override the config's;
+    ``recurrent`` ``lstm`` / ``gru`` puts an ``nn.LSTM`` / ``nn.GRU`` in each recurrent layer's place
+    (``with_cell``)."""
+    return _from_fields(arch, config_fields(arch, vocab_size, d_model, n_layers, **fields), seed, recurrent)
 
 
-def _from_fields(arch: str, fields: dict[str, Any], seed: int | None) -> nn.Module:
+def _from_fields(arch: str, fields: dict[str, Any], seed: int | None, recurrent: str = "native") -> nn.Module:
     import transformers
 
+    check_cell(arch, recurrent)
     prefix = ARCHS[arch][0]
     config = getattr(transformers, f"{prefix}Config")(**fields)
     config.architectures = [f"{prefix}ForCausalLM"]
@@ -150,7 +153,61 @@ def _from_fields(arch: str, fields: dict[str, Any], seed: int | None) -> nn.Modu
         if seed is not None:
             torch.manual_seed(seed)
         model = getattr(transformers, f"{prefix}ForCausalLM")(config)
+        if recurrent != "native":  # drawn in the same stream: the seed gives the same cell weights every time
+            with_cell(model, arch, recurrent)
     return model.eval()
+
+
+# --- an nn.LSTM / nn.GRU in a bridged architecture's layout ---------------------------------------------------------
+CELLS = ("native", "lstm", "gru")
+"""What a bridged model's recurrent layers run: the architecture's own mixer, or an ``nn.LSTM`` / ``nn.GRU``."""
+CELL_SLOTS = {"nemotron-h": "mixer", "olmo-hybrid": "linear_attn"}
+"""The architectures whose recurrent mixer an ``nn.LSTM`` / ``nn.GRU`` can take the place of, and the attribute of a
+transformers layer that holds it. TransformerLens maps these mixers' inner modules (``in_proj``, ``conv1d``, ...) as
+optional, so the bridge boots with a mixer that has none of them; its adapters for Jamba, Qwen3-Next, Bamba,
+Falcon-H1, GraniteMoeHybrid and LFM2 require them (booting raises AttributeError: no ``in_proj``)."""
+
+
+def check_cell(arch: str, recurrent: str) -> None:
+    """One line where ``recurrent`` is not a cell of ``CELLS`` or ``arch`` has no slot for it (``CELL_SLOTS``)."""
+    if recurrent not in CELLS:
+        raise ProbeError(f"recurrent={recurrent!r}: choose one of {', '.join(CELLS)}")
+    if recurrent != "native" and arch not in CELL_SLOTS:
+        raise ProbeError(f"recurrent={recurrent}: an nn.{recurrent.upper()} takes the place of the recurrent mixer of "
+                         f"{' or '.join(CELL_SLOTS)} only; TransformerLens's adapter for {arch} requires the mixer's "
+                         "own inner modules (in_proj, ...), which an LSTM does not have")
+
+
+class RecurrentMixer(nn.Module):
+    """An ``nn.LSTM`` or ``nn.GRU`` (one layer, hidden = d_model, batch-first) in a transformers layer's recurrent
+    mixer slot, called as the mixer it replaces is (``hidden_states`` [batch, pos, d_model] first, the cache and the
+    masks by keyword) and returning the recurrence's output sequence [batch, pos, d_model], as the paper's block adds
+    the LSTM's output to the residual stream (no output projection). A 2-D attention mask zeroes the padded
+    positions' inputs, as the Mamba mixers do; the cache is not used, so a forward always runs the whole sequence
+    (token-by-token generation does not carry the state)."""
+
+    def __init__(self, cell: str, d_model: int) -> None:
+        super().__init__()
+        self.cell = cell
+        self.rnn = (nn.LSTM if cell == "lstm" else nn.GRU)(d_model, d_model, batch_first=True)
+
+    def forward(self, hidden_states: Tensor, *args: Any, attention_mask: Tensor | None = None,
+                **kwargs: Any) -> Tensor:
+        if attention_mask is not None and attention_mask.dim() == 2:
+            hidden_states = hidden_states * attention_mask[..., None].to(hidden_states.dtype)
+        return self.rnn(hidden_states)[0]
+
+
+def with_cell(model: nn.Module, arch: str, cell: str) -> nn.Module:
+    """``model`` (a transformers ``arch`` model) with each recurrent layer's mixer (``CELL_SLOTS``; an attention or
+    MLP in the same slot is kept) replaced, in place, by a fresh ``RecurrentMixer`` running ``cell``."""
+    check_cell(arch, cell)
+    slot = CELL_SLOTS[arch]
+    for layer in model.model.layers:
+        mixer = getattr(layer, slot, None)
+        if mixer is not None and not type(mixer).__name__.endswith(("Attention", "MLP", "MoE")):
+            setattr(layer, slot, RecurrentMixer(cell, model.config.hidden_size))
+    return model
 
 
 def word_tokenizer(vocab_size: int, folder: str) -> Any:
@@ -168,12 +225,13 @@ def word_tokenizer(vocab_size: int, folder: str) -> Any:
 
 
 def boot(arch: str, task: Any = None, *, vocab_size: int | None = None, d_model: int = 32, n_layers: int = 2,
-         seed: int | None = 0, device: str = "cpu", **fields: Any) -> Any:
-    """A ``TransformerBridge`` over a fresh ``arch`` model (``hf_model``) sized for ``task``'s vocabulary, booted
-    with no download: ``TransformerBridge.boot_transformers(folder, hf_model=..., tokenizer=...)`` on a temporary
-    folder holding the tokenizer. Its logits are the transformers model's (tested per architecture)."""
+         seed: int | None = 0, device: str = "cpu", recurrent: str = "native", **fields: Any) -> Any:
+    """A ``TransformerBridge`` over a fresh ``arch`` model (``hf_model``; ``recurrent`` ``lstm`` / ``gru``: with an
+    ``nn.LSTM`` / ``nn.GRU`` in each recurrent layer's place) sized for ``task``'s vocabulary, booted with no
+    download: ``TransformerBridge.boot_transformers(folder, hf_model=..., tokenizer=...)`` on a temporary folder
+    holding the tokenizer. Its logits are the transformers model's (tested per architecture)."""
     size = _vocab_size(task, vocab_size)
-    return _boot(arch, hf_model(arch, size, d_model, n_layers, seed, **fields), size, device)
+    return _boot(arch, hf_model(arch, size, d_model, n_layers, seed, recurrent=recurrent, **fields), size, device)
 
 
 def _boot(arch: str, model: nn.Module, vocab_size: int, device: str = "cpu") -> Any:
@@ -210,8 +268,8 @@ short convolution, RWKV's time mixing), unless the module it wraps is an attenti
 class Component:
     """One attention or recurrent component of a bridged block: its name (``blocks.{i}.attn``), its index ``block``
     and ``kind``: ``attention``, or the recurrence it runs: ``mamba`` (Mamba-1's selective scan), ``mamba2`` (SSD),
-    ``gated-delta`` (a gated DeltaNet), ``conv`` (a finite short convolution), ``opaque`` (a component the bridge
-    exposes by its input and output only)."""
+    ``gated-delta`` (a gated DeltaNet), ``lstm`` / ``gru`` (a ``RecurrentMixer``), ``conv`` (a finite short
+    convolution), ``opaque`` (a component the bridge exposes by its input and output only)."""
 
     name: str
     block: int
@@ -227,7 +285,10 @@ def _kind(key: str, component: nn.Module) -> str:
         SSMMixerBridge,
     )
 
-    wrapped = type(getattr(component, "original_component", None)).__name__
+    original = getattr(component, "original_component", None)
+    if isinstance(original, RecurrentMixer):
+        return original.cell
+    wrapped = type(original).__name__
     # Nemotron-H keys its attention "mixer" too; RWKV's time mixing is a recurrence whatever its class is called
     is_attention = key not in ("time_mix", "linear_attn") and wrapped.endswith("Attention")
     if isinstance(component, AttentionBridge) or is_attention:
@@ -286,8 +347,12 @@ class BridgedModel(WrappedModel):
     - every hook the bridge has, by its canonical name (``blocks.0.mixer.in_proj.hook_out``; aliases such as
       ``hook_ssm_decay`` are left out so that nothing is cached twice), and ``hook_logits``.
 
-    The recurrent components are not ``nn.LSTM`` / ``nn.GRU``, so they have no per-step state hooks of probe's
-    (``hooked_cells`` is empty): analyses that set a state at one position use their module-level forms or refuse.
+    A native recurrent component (a Mamba mixer, a gated DeltaNet) is not an ``nn.LSTM`` / ``nn.GRU``, so it has no
+    per-step state hooks of probe's: analyses that set a state at one position use their module-level forms or
+    refuse. An ``nn.LSTM`` / ``nn.GRU`` in a recurrent layer's place (``RecurrentMixer``, ``boot(...,
+    recurrent="lstm")``) is served as ``probe.wrap`` serves one (``HookedRNN``, on its own Parameters, names
+    unchanged): ``blocks.{i}.mixer.layers.0.hook_h`` / ``hook_c`` / gates per position, ``[batch, pos, d_model]``,
+    and causal state edits (``hooked_cells``, ``override_state``).
     """
 
     def __init__(self, bridge: Any, task: Any = None) -> None:
@@ -296,8 +361,15 @@ class BridgedModel(WrappedModel):
         self.task = task
         self.forward_kwargs: dict[str, Any] = {}
         self.unwrapped = False
-        self.rnns: dict[str, Any] = {}
         self.components = components(bridge)
+        # an nn.LSTM / nn.GRU mixer's forward served by probe's hooked cells (as probe.wrap serves one), keyed by the
+        # component's name: a plain dict, so that its Parameters are not in this wrapper's state_dict twice
+        self.rnns: dict[str, HookedRNN] = {}
+        for c in self.components:
+            if c.kind in ("lstm", "gru"):
+                rnn = c.module.original_component.rnn
+                self.rnns[c.name] = HookedRNN(rnn, f"{c.name}.rnn")
+                rnn.forward = self.rnns[c.name].forward
         attention = [c for c in self.components if c.kind == "attention"]
         recurrent = [c for c in self.components if c.kind != "attention"]
         if not self.components:
@@ -323,13 +395,19 @@ class BridgedModel(WrappedModel):
         """The bridge's hook points under the names the bridge gives them, and ``hook_logits``."""
         self.hook_logits.name = "hook_logits"
         own = {n: h for n, h in self.module.hook_dict.items() if getattr(h, "name", None) == n}
-        self.hook_dict = {**own, "hook_logits": self.hook_logits}
+        cells = {f"{path}.{sub}": h for path, rnn in self.rnns.items() for sub, h in rnn.named_modules()
+                 if isinstance(h, HookPoint)}
+        for name, h in cells.items():
+            h.name = name
+        self.hook_dict = {**own, **cells, "hook_logits": self.hook_logits}
         self.mod_dict = dict(self.hook_dict)
 
     def unwrap(self) -> Any:
-        """Remove the gates and return the bridge."""
+        """Remove the gates and the served LSTM / GRU forwards and return the bridge."""
         for handle in self._handles:
             handle.remove()
+        for rnn in self.rnns.values():
+            del rnn.source.forward
         self.unwrapped = True
         return self.module
 
@@ -339,7 +417,11 @@ class BridgedModel(WrappedModel):
 
     @property
     def recurrent_modules(self) -> list[nn.Module]:
-        return [c.module for c in self.components if c.kind != "attention"]
+        """Each recurrent component as it runs: the ``HookedRNN`` serving an LSTM / GRU mixer (its parameters are
+        the mixer's, all of them), the bridge's component otherwise."""
+        for rnn in self.rnns.values():
+            rnn.borrow()
+        return [self.rnns.get(c.name) or c.module for c in self.components if c.kind != "attention"]
 
     def attention_gates(self) -> list[float]:
         return [float(g.gate) for g in self.gates]
@@ -365,7 +447,8 @@ class BridgedModel(WrappedModel):
                 for c in sorted(self.components, key=lambda c: c.kind == "attention")}
 
     def probe_hooks(self) -> list[str]:
-        return [f"{n}.hook_out" for n in (*self.recurrent_names, *self.attention_names, *self.resid_names)]
+        return [*self.state_hooks(),
+                *(f"{n}.hook_out" for n in (*self.recurrent_names, *self.attention_names, *self.resid_names))]
 
 
 def wrap(bridge: Any, task: Any = None) -> BridgedModel:
@@ -398,13 +481,16 @@ class BridgeModelConfig(WrappedSizes):
     ``bridge-*`` presets, ``--set model.arch=...``) and what a checkpoint records. ``transformers`` holds, once made,
     the whole transformers config (``config_fields`` at this width, depth and vocabulary, with the fields given
     there overriding), so a checkpoint rebuilds the model it was trained as, offline, even if ``ARCHS``'s tiny
-    configs change later. The weights come from torch's random state when built (the trainer seeds it)."""
+    configs change later. The weights come from torch's random state when built (the trainer seeds it).
+    ``recurrent``: ``native`` (the architecture's own mixer) or ``lstm`` / ``gru``, an ``nn.LSTM`` / ``nn.GRU`` in
+    each recurrent layer's place (``with_cell``; ``CELL_SLOTS`` names the architectures that take one)."""
 
     arch: str = "jamba"
     d_model: int = 128
     n_layers: int = 2
     vocab_size: int = 0
     transformers: dict[str, Any] = field(default_factory=dict)
+    recurrent: str = "native"
     family: str = "bridge"
 
     def __post_init__(self) -> None:
@@ -412,10 +498,11 @@ class BridgeModelConfig(WrappedSizes):
         given.pop("vocab_size", None)  # the task's vocabulary wins: a recorded config holds it too
         object.__setattr__(self, "transformers", config_fields(self.arch, self.vocab_size, self.d_model,
                                                                self.n_layers, **given))
+        check_cell(self.arch, self.recurrent)
 
     @property
     def name(self) -> str:
-        return f"bridge-{self.arch}"
+        return f"bridge-{self.arch}" + ("" if self.recurrent == "native" else f"-{self.recurrent}")
 
     @property
     def has_attention(self) -> bool:  # type: ignore[override]
@@ -428,7 +515,8 @@ class BridgeModelConfig(WrappedSizes):
     def build(self, task: Any = None) -> BridgedModel:
         """The bridged model: the transformers model from ``transformers`` (random weights from torch's random
         state), booted offline and wrapped."""
-        model = wrap(_boot(self.arch, _from_fields(self.arch, self.transformers, seed=None), self.vocab_size), task)
+        hf = _from_fields(self.arch, self.transformers, seed=None, recurrent=self.recurrent)
+        model = wrap(_boot(self.arch, hf, self.vocab_size), task)
         model.source_config = self  # what its checkpoints record (checkpoint_from_model)
         return model
 
@@ -438,6 +526,8 @@ NO_TRANSITION = {
     "conv": "a short convolution keeps a finite window of inputs, not a state: it has no transition to read",
     "opaque": "the bridge exposes it by its input and output only (no decay, gate or beta hook), so its transition "
               "cannot be read",
+    **{cell: f"not applicable: an {cell.upper()} is nonlinear (its gates read the state they update), so it has no "
+             "per-token linear transition whose eigenvalues the diagnostic could read" for cell in ("lstm", "gru")},
 }
 
 
@@ -493,4 +583,34 @@ def transition_eigenvalues(model: BridgedModel, tokens: Tensor) -> dict[str, Ten
         else:
             decay = torch.exp(cache[f"{c.name}.hook_log_decay"].float())  # [batch, pos, head]
             out[c.name] = torch.stack([decay, decay * (1 - cache[f"{c.name}.hook_beta"].float())], dim=-1)
+    return out
+
+
+@torch.no_grad()
+def state_residual(model: BridgedModel, tokens: Tensor,
+                   eigenvalues: Callable[[BridgedModel, Tensor], dict[str, Tensor]] | None = None) -> dict[str, float]:
+    """Instrument check of ``transition_eigenvalues`` on each Mamba / Mamba-2 component (the ones whose scan state
+    the bridge exposes, ``hook_ssm_state`` and ``hook_ssm_write`` on TransformerLens's eager scan): the largest
+    |a_t * state_{t-1} + write_t - state_t| over every position, relative to the largest |state_t|. Near 0 when the
+    transitions read are the ones the scan applied; a wrong dt or A (read from another hook, a wrong
+    discretisation) leaves a residual of the state's own order. ``eigenvalues`` replaces the reader (a test feeds a
+    broken one). ``{name: residual}``; empty where no component exposes its state."""
+    read = eigenvalues or transition_eigenvalues
+    comps = [c for c in model.components if c.kind in ("mamba", "mamba2") and not transition_reason(c)]
+    if not comps:
+        return {}
+    eigs = read(model, tokens)
+    hooks = {f"{c.name}.hook_ssm_{s}" for c in comps for s in ("state", "write")}
+    with eager_scan(comps):
+        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in hooks)
+    out = {}
+    for c in comps:
+        a = eigs[c.name].float()
+        state, write = cache[f"{c.name}.hook_ssm_state"].float(), cache[f"{c.name}.hook_ssm_write"].float()
+        if c.kind == "mamba":  # [batch, channel, pos, state] -> [batch, pos, channel, state], as a is
+            state, write = state.transpose(1, 2), write.transpose(1, 2)
+        else:  # [batch, pos, head, head_dim, state]; a is per head
+            a = a[..., None, None]
+        predicted = a[:, 1:] * state[:, :-1] + write[:, 1:]
+        out[c.name] = float((predicted - state[:, 1:]).abs().max() / state.abs().max().clamp(min=1e-30))
     return out

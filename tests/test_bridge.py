@@ -87,21 +87,13 @@ def test_a_block_level_bridge_is_refused_in_one_line(task):
 def test_mamba_transitions_reproduce_the_bridges_state(arch, task):
     """Instrument check: the transitions read from the hooks, applied to the state the scan wrote one step before,
     plus the write, give the next state of TransformerLens's own eager scan (a wrong dt or A would not)."""
-    from probe.bridge import eager_scan
+    from probe.bridge import state_residual
 
     model = probe.bridge.model(arch, task)
     tokens = task.sample(6, 2, seed=2).tokens
-    a = transition_eigenvalues(model, tokens)["blocks.0.mixer"]
-    with eager_scan(model.components), torch.no_grad():
-        _, cache = model.run_with_cache(tokens, names_filter=lambda n: n.startswith("blocks.0.mixer.hook_ssm"))
-    state, write = cache["blocks.0.mixer.hook_ssm_state"], cache["blocks.0.mixer.hook_ssm_write"]
-    if arch == "mamba":  # [batch, channel, pos, state] -> [batch, pos, channel, state], as a is
-        state, write = state.transpose(1, 2), write.transpose(1, 2)
-    else:  # [batch, pos, head, head_dim, state]; a is per head
-        a = a[..., None, None]
-    predicted = a[:, 1:] * state[:, :-1] + write[:, 1:]
-    assert torch.allclose(predicted, state[:, 1:], rtol=1e-4, atol=1e-6)
-    assert not torch.allclose(a[:, 1:].sqrt() * state[:, :-1] + write[:, 1:], state[:, 1:], rtol=1e-4, atol=1e-6)
+    assert state_residual(model, tokens)["blocks.0.mixer"] <= 1e-4
+    wrong = state_residual(model, tokens, lambda m, t: {k: v.sqrt() for k, v in transition_eigenvalues(m, t).items()})
+    assert wrong["blocks.0.mixer"] > 1e-2
 
 
 def _own_ssm(task, ssm_range):
@@ -236,3 +228,90 @@ def test_a_factory_that_returns_a_transformer_bridge_trains_from_the_command_lin
     model = final.build_model()
     assert isinstance(model, probe.bridge.BridgedModel) and model.attention_gates() == [1.0]
     sys.modules.pop("my_bridge", None)
+
+
+# --- an nn.LSTM / nn.GRU in a bridged layout --------------------------------------------------------------------------
+@pytest.mark.parametrize("arch, cell", [("nemotron-h", "lstm"), pytest.param("olmo-hybrid", "gru",
+                                                                            marks=pytest.mark.slow)])
+def test_an_lstm_in_a_bridged_layout_boots_to_the_transformers_logits(arch, cell, task):
+    from probe.bridge import RecurrentMixer
+
+    bridge = boot(arch, task, recurrent=cell)
+    tokens = task.sample(6, 2, seed=0).tokens
+    with torch.no_grad():
+        ours, theirs = bridge(tokens), bridge.original_model(tokens, use_cache=False).logits
+    assert torch.equal(ours, theirs)
+    model = wrap(bridge, task)
+    (name,) = model.recurrent_names
+    assert isinstance(model.components[0].module.original_component, RecurrentMixer)
+    assert model.components[0].kind == cell and model.attention_names  # the attention layer is kept
+    _, cache = model.run_with_cache(tokens)
+    # the bridge's own hooks on the component still fire, and probe's per-step ones beside them
+    for hook in (f"{name}.hook_in", f"{name}.hook_out", f"{name}.layers.0.hook_h"):
+        assert cache[hook].shape == (2, tokens.shape[1], 32)
+    assert model.state_hooks() == [f"{name}.layers.0.hook_{s}" for s in (("h", "c") if cell == "lstm" else ("h",))]
+
+
+def test_the_bridged_lstm_keeps_its_parameter_names_and_its_state_edits_are_causal(task):
+    model = probe.bridge.model("nemotron-h", task, recurrent="lstm")
+    mixer = model.components[0].module.original_component
+    names = set(wrap(boot("nemotron-h", task, recurrent="lstm"), task).state_dict())
+    assert set(model.state_dict()) == names and any(k.endswith("mixer._original_component.rnn.weight_hh_l0")
+                                                    for k in names)
+    cell = model.hooked_cells["blocks.0.mixer.layers.0"]
+    assert cell.rnn.weight_hh_l0 is mixer.rnn.weight_hh_l0  # the mixer's own Parameter: an optimizer trains both
+    tokens = task.sample(6, 2, seed=3).tokens
+    t = 8
+    with torch.no_grad():
+        fused = model(tokens)
+        same = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.mixer.layers.0.hook_c", lambda x, hook: x)])
+
+        def zero_c(c, hook):
+            c = c.clone()
+            c[:, t] = 0
+            return c
+
+        edited = model.run_with_hooks(tokens, fwd_hooks=[("blocks.0.mixer.layers.0.hook_c", zero_c)])
+        h, c = torch.zeros(2, 32), torch.zeros(2, 32)
+        with cell.override_state(t, h, c):
+            overridden = model(tokens)
+    # the unrolled path that a listened hook takes computes what the fused kernel does
+    assert torch.allclose(same, fused, atol=1e-5)
+    assert torch.equal(edited[:, :t], fused[:, :t])
+    # the recurrence continues from the edited cell state: later positions move, by far more than rounding
+    assert (edited[:, t + 1:] - fused[:, t + 1:]).abs().max() > 1e-2
+    assert torch.equal(overridden[:, :t], fused[:, :t])
+    assert (overridden[:, t + 1:] - fused[:, t + 1:]).abs().max() > 1e-2
+
+
+def test_an_lstm_goes_only_where_the_bridge_boots_with_one_and_can_count_says_it_does_not_apply(task):
+    with pytest.raises(ProbeError, match="requires the mixer's own inner modules") as e:
+        boot("jamba", task, recurrent="lstm")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ProbeError, match="choose one of native, lstm, gru"):
+        boot("nemotron-h", task, recurrent="rnn")
+    with pytest.raises(ProbeError, match="an LSTM is nonlinear") as e:
+        can_count(probe.bridge.model("nemotron-h", task, recurrent="lstm"), task)
+    assert "\n" not in str(e.value) and "not applicable" in str(e.value)
+
+
+def test_the_bridged_lstm_preset_trains_under_dat_and_its_checkpoint_rebuilds_offline(tmp_path):
+    from probe.bridge import BridgeModelConfig
+    from probe.checkpoint import load_checkpoint
+    from probe.training.cli import main as train_main
+
+    run = tmp_path / "run"
+    assert train_main(["--preset", "bridge-nemotron-h-lstm-dat", *SMALL_RUN, "--out", str(run)]) == 0
+    raw = torch.load(run / "final.pt", weights_only=True)  # a checkpoint is data, never code
+    assert raw["model_config"]["recurrent"] == "lstm"
+    final = load_checkpoint(run / "final.pt")
+    assert isinstance(final.model_config, BridgeModelConfig) and final.label == "bridge-nemotron-h-lstm-dat"
+    model = final.build_model()
+    assert all(torch.equal(final.state_dict[k], v) for k, v in model.state_dict().items())
+    assert model.components[0].kind == "lstm" and "blocks.0.mixer.layers.0.hook_c" in model.hook_dict
+    snaps = [load_checkpoint(run / "trajectory" / f"step_{s:06d}.pt").state_dict for s in (0, 2, 4)]
+    names = {n for n, p in model.named_parameters() if any(p is q for q in model.attention_parameters())}
+    lstm = {n for n, p in model.named_parameters() if any(p is q for q in model.recurrent_parameters())}
+    assert names and all(torch.equal(snaps[0][k], snaps[1][k]) for k in names)  # attention held until step 2
+    assert any(not torch.equal(snaps[1][k], snaps[2][k]) for k in names)
+    assert lstm and any(".rnn." in k for k in lstm) and any(not torch.equal(snaps[0][k], snaps[1][k]) for k in lstm)

@@ -85,3 +85,13 @@ PRESETS.update({f"hf-{arch}-{s}": dict(PRESETS[f"hybrid-{s}"], model=dict(family
 PRESETS.update({f"bridge-{arch}-{s}": dict(PRESETS[f"hybrid-{s}"], model=dict(family="bridge", arch=arch,
                                                                               d_model=128, n_layers=2))
                 for arch in ("jamba", "qwen3-next", "nemotron-h") for s in ("joint", "dat")})
+
+# A bridged layout whose recurrence can count: the bridged mixers cannot (Mamba's and Mamba-2's exp(dt A) and the
+# gated DeltaNet's exp(g)(1 - beta) stay in (0, 1]; probe.transitions.can_count), so Nemotron-H (the cheapest bridged
+# step) with an nn.LSTM in its Mamba-2 layer's place (probe.bridge.RecurrentMixer, hidden = d_model), then its
+# attention (no positional encoding, as probe's hybrid), at the training of the other bridge presets:
+# bridge-nemotron-h-lstm-joint, bridge-nemotron-h-lstm-dat. --set model.recurrent=gru puts a GRU there instead.
+PRESETS.update({f"bridge-nemotron-h-lstm-{s}": dict(PRESETS[f"bridge-nemotron-h-{s}"],
+                                                    model=dict(PRESETS[f"bridge-nemotron-h-{s}"]["model"],
+                                                               recurrent="lstm"))
+                for s in ("joint", "dat")})
