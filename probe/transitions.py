@@ -440,12 +440,14 @@ class TransitionResult:
     summary: pd.DataFrame = field(default_factory=pd.DataFrame)
     controls: list[dict[str, Any]] = field(default_factory=list)
     note: str | None = None
+    can_count: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     def rows(self, tokens: bool = False) -> list[dict[str, Any]]:
-        """The flat rows of ``--json`` (``metric`` channel and summary, and with ``tokens`` every transition)."""
+        """The flat rows of ``--json`` (``metric`` channel and summary, and with ``tokens`` every transition; a
+        bridged checkpoint's ``can_count`` rows)."""
         meta = {"checkpoint": self.checkpoint, "label": self.label, "seed": self.seed, "length": self.length}
-        parts = [("channel", self.channels), ("summary", self.summary)] + ([("transition", self.transitions)]
-                                                                            if tokens else [])
+        parts = [("channel", self.channels), ("summary", self.summary), ("can_count", self.can_count)] + (
+            [("transition", self.transitions)] if tokens else [])
         return [{**meta, "metric": metric, **row} for metric, frame in parts if not self.note
                 for row in frame.to_dict("records")]
 
@@ -465,6 +467,12 @@ def analyze(path: str | Path, length: int | None = None, n_samples: int = 64, se
     model, task = ckpt.build_model(device).eval(), ckpt.task_config
     length = length or task.train_length
     out = TransitionResult(str(path), variant_name(ckpt), ckpt.seed, length)
+    if _bridged(model):
+        out.note = bridged_not_applicable(model)
+        if not out.note:
+            out.can_count = can_count(model, task, length, n_samples, seed)
+            out.controls = bridged_controls(model, task, out.can_count, length, n_samples, seed) if controls else []
+        return out
     out.note = not_applicable(model)
     if out.note:
         return out
@@ -489,7 +497,7 @@ def plot_channels(results: list[TransitionResult]) -> Figure:
     import seaborn as sns
 
     sns.set_theme(style="whitegrid", context="paper")
-    shown = [r for r in results if not r.note]
+    shown = [r for r in results if not r.note and not r.channels.empty]
     fig, axes = plt.subplots(1, max(1, len(shown)), figsize=(3.6 * max(1, len(shown)), 3.2), squeeze=False,
                              sharey=True)
     for ax, r in zip(axes[0], shown, strict=False):
@@ -523,7 +531,15 @@ known_rotation (instrument: a hand-set transition, the best the range allows, mu
 reinit (control: the trained model must have a channel counting beyond 4 L_train and a re-initialised SSM none);
 shuffled_digits (control: its best counting horizon at least twice that of its own transitions with the numbers'
 identities permuted).
-A checkpoint whose cell is not an SSM is refused in one line (exit code 2) before any work."""
+A bridged checkpoint (a bridge-* preset) gets the bridged diagnostic instead: can_count rows, one per recurrent layer
+and one for all (layer "all"): range (positive real in (0, 1], negative real (reaching -1), complex, ...), min_real,
+max_modulus, max_phase (rad), the fractions positive / negative / complex, can_count (some transition turns the state
+by >= 2 pi / m) and verdict; its controls: state_reproduction (instrument, Mamba / Mamba-2: the transitions times the
+scan's state one step before, plus its write, give its next state within 1e-4 of the state's size), negated
+(instrument: the same transitions negated must read "can") and longer_sequences (control: the verdict at 4 L_train
+must be the one at L_train).
+A checkpoint whose cell is not an SSM, or a bridged one whose recurrence has no transition to read (an LSTM, a short
+convolution), is refused in one line (exit code 2) before any work."""
 
 
 @dataclass
@@ -545,7 +561,8 @@ def run(opts: TransitionOptions) -> Report:
     device = str(resolve_device(opts.device))
     for p in paths:  # every file readable, applicable and every length fitting before any work
         ckpt = load_checkpoint(p)
-        why = not_applicable(ckpt.build_model("cpu"))
+        model = ckpt.build_model("cpu")
+        why = bridged_not_applicable(model) if _bridged(model) else not_applicable(model)
         if why:
             raise ProbeError(f"{p}: this analysis does not apply to this checkpoint ({why})")
         check_lengths(ckpt.model_config, ckpt.task_config, opts.lengths or [ckpt.task_config.train_length], device,
@@ -555,8 +572,14 @@ def run(opts: TransitionOptions) -> Report:
     for path, length in progress_iter(jobs, "checkpoints x lengths", opts.progress and len(jobs) > 1):
         r = analyze(path, length, opts.samples, opts.seed, device, controls=not opts.no_controls)
         results.append(r)
-        text += [f"{path}: {r.label}, seed {r.seed}, length {r.length}: channels that count mod o beyond {HORIZON} "
-                 "x L_train, per block", r.summary.to_string(index=False)]
+        if not r.can_count.empty:
+            verdict = r.can_count.set_index("layer").loc["all", "verdict"]
+            text += [f"{path}: {r.label}, seed {r.seed}, length {r.length}: where the eigenvalues of each recurrent "
+                     f"layer's per-token transition lie ({verdict})",
+                     r.can_count[list(CAN_COUNT_COLUMNS)].to_string(index=False, float_format=lambda v: f"{v:.3g}")]
+        else:
+            text += [f"{path}: {r.label}, seed {r.seed}, length {r.length}: channels that count mod o beyond "
+                     f"{HORIZON} x L_train, per block", r.summary.to_string(index=False)]
         text += ["controls (every row is in the JSON):", *map(control_line, r.control_rows())] if r.controls else []
     return Report([str(p) for p in paths], [row for r in results for row in r.rows(opts.tokens)],
                   [c for r in results for c in r.control_rows()], "\n".join(text),
@@ -566,9 +589,6 @@ def run(opts: TransitionOptions) -> Report:
 COMMAND = Command("transitions", TransitionOptions, run, __doc__.split("\n\n")[0], _HELP_JSON)
 main, build_parser = COMMAND.main, COMMAND.build_parser
 
-
-if __name__ == "__main__":
-    sys.exit(main())
 
 
 # --- can this recurrence count? (any diagonal or delta-rule recurrence, probe's own or a bridged one) ---------------
@@ -647,3 +667,76 @@ def can_count(model: Any, task: TaskConfig, length: int | None = None, n_samples
     joined = torch.cat([(e if e.is_complex() else e.to(torch.complex128)).reshape(-1).to(torch.complex128)
                         for e in eigs.values()])
     return pd.DataFrame([*rows, {"layer": "all", **eigen_range(joined, m)}])
+
+
+# --- a bridged checkpoint: the diagnostic above on the recurrence the bridge runs -----------------------------------
+CAN_COUNT_COLUMNS = ("layer", "range", "min_real", "max_modulus", "max_phase", "can_count")
+"""The columns of the plain output's table for a bridged checkpoint (the JSON has every one)."""
+STATE_RESIDUAL = 1e-4
+"""The largest relative residual ``probe.bridge.state_residual`` allows: float32 rounding of the scan, nothing more
+(a wrong dt or A leaves one of the state's own order)."""
+
+
+def _bridged(model: Any) -> bool:
+    return getattr(model.cfg, "family", None) == "bridge"
+
+
+def bridged_not_applicable(model: Any) -> str | None:
+    """Why ``can_count`` cannot read any recurrent layer of a bridged ``model`` (one line), or None when it can."""
+    from probe.bridge import transition_reason
+
+    recurrent = [c for c in model.components if c.kind != "attention"]
+    reasons = [r for r in map(transition_reason, recurrent) if r]
+    if not recurrent:
+        return "this bridged model has no recurrent component"
+    return "; ".join(reasons) if len(reasons) == len(recurrent) else None
+
+
+def bridged_controls(model: Any, task: TaskConfig, measured: pd.DataFrame, length: int | None = None,
+                     n_samples: int = 16, seed: int = 0, eigenvalues: Any = None) -> list[dict[str, Any]]:
+    """The instrument checks and the control of ``can_count`` (``measured``) on a bridged model:
+    ``state_reproduction`` (instrument, where a Mamba / Mamba-2 exposes its scan state: ``probe.bridge.
+    state_residual`` at most ``STATE_RESIDUAL``; catches transitions read from the wrong hook, dt or A),
+    ``negated`` (instrument: the same transitions negated, through the same summary, must read "can"; catches a
+    summary that cannot say "can", whose "cannot" would be no finding) and ``longer_sequences`` (control: the
+    verdict on sequences of 4 x L_train, where length generalisation is judged, must be the one at ``length``; a
+    fail means the transitions change in kind beyond the training range, so the verdict at L_train does not
+    describe the model there). ``eigenvalues`` replaces the reader everywhere (a test feeds a broken one)."""
+    from probe.bridge import state_residual, transition_eigenvalues
+
+    read = eigenvalues or transition_eigenvalues
+    length = length or task.train_length
+    m = int(getattr(task, "m", 2) or 2)
+    smallest = 2 * math.pi / max(2, m)
+    device = next(model.parameters()).device
+    tokens = task.sample(length, n_samples, seed).tokens.to(device)
+    rows = []
+    residual = state_residual(model, tokens, read)
+    if residual:
+        worst = max(residual, key=residual.get)
+        rows.append(check_row("state_reproduction", INSTRUMENT, residual[worst] <= STATE_RESIDUAL,
+                              value=residual[worst], threshold=STATE_RESIDUAL, passes_if="<=", hook=worst,
+                              what="|a_t state_(t-1) + write_t - state_t| / max |state| on TransformerLens's eager "
+                                   "scan; a fail means the transitions were read from the wrong hook, dt or A, so "
+                                   "the verdict is about numbers the model never applied"))
+    negated = can_count(model, task, length, n_samples, seed,
+                        eigenvalues=lambda mod, tok: {k: -v for k, v in read(mod, tok).items()})
+    flipped = negated.set_index("layer").loc["all"]
+    rows.append(check_row("negated", INSTRUMENT, bool(flipped["can_count"]), value=float(flipped["max_phase"]),
+                          threshold=smallest, passes_if=">=",
+                          what="the largest phase of the same transitions negated (rad); a fail means the summary "
+                               "cannot say 'can', so its 'cannot' is no finding"))
+    before = measured.set_index("layer").loc["all"]
+    longer = can_count(model, task, HORIZON * task.train_length, n_samples, seed, eigenvalues=eigenvalues)
+    after = longer.set_index("layer").loc["all"]
+    rows.append(check_row("longer_sequences", CONTROL, bool(after["can_count"]) == bool(before["can_count"]),
+                          value=float(after["max_phase"]), threshold=smallest,
+                          passes_if=">=" if before["can_count"] else "<", length=HORIZON * task.train_length,
+                          what=f"the largest phase at {HORIZON} x L_train (rad), on the side of 2 pi / m that the "
+                               f"verdict at length {length} is; a fail means the transitions change in kind beyond "
+                               "the training range, where length generalisation is judged"))
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -359,3 +359,78 @@ def test_plain_output_gives_each_control_its_value_threshold_and_meaning(tmp_pat
             assert line.lstrip().startswith("FAIL" if control in failing else "ok")
             assert "(passes if " in line and "no threshold recorded" not in line and "a fail means" in line
         assert "value 0 (passes if <= 0)" in lines["reinit"] and "(passes if >= 80)" in lines["known_rotation"]
+
+
+# --- a bridged checkpoint: the bridged diagnostic (can_count) with its checks ---------------------------------------
+BRIDGE_RUN = ["--set", "model.d_model=32", "--steps", "4", "--set", "schedule.switch=2", "--set", "train.warmup=1",
+              "--set", "train.batch_size=4", "--set", "train.eval_samples=4", "--set", "train.traj_every=2",
+              "--set", "train.traj_dtype=float32", "--set", "task.train_length=6", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def bridged_runs(tmp_path_factory):
+    """final.pt of bridge-nemotron-h-dat (a Mamba-2, then attention) and of its LSTM twin, trained 4 steps."""
+    pytest.importorskip("transformers")
+    from probe.training.cli import main as train_main
+
+    root = tmp_path_factory.mktemp("bridged")
+    for preset in ("bridge-nemotron-h-dat", "bridge-nemotron-h-lstm-dat"):
+        assert train_main(["--preset", preset, *BRIDGE_RUN, "--out", str(root / preset)]) == 0
+    return {p: root / p / "final.pt" for p in ("bridge-nemotron-h-dat", "bridge-nemotron-h-lstm-dat")}
+
+
+def test_cli_runs_the_bridged_diagnostic_with_its_control_lines(bridged_runs, capsys):
+    path = bridged_runs["bridge-nemotron-h-dat"]
+    assert main([str(path), "--samples", "4", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {r["layer"]: r for r in out["results"] if r["metric"] == "can_count"}
+    assert set(rows) == {"blocks.0.mixer", "all"}
+    # a Mamba-2's A = -exp(A_log) and dt > 0 keep every transition in (0, 1), trained or not
+    assert rows["all"]["range"] == "positive real in (0, 1]" and rows["all"]["can_count"] is False
+    controls = {c["control"]: c for c in out["controls"]}
+    assert set(controls) == {"state_reproduction", "negated", "longer_sequences"}
+    assert all(c["passed"] and {"value", "threshold", "passes_if", "what"} <= set(c) for c in controls.values())
+    assert controls["state_reproduction"]["value"] < 1e-4 and controls["negated"]["value"] == pytest.approx(math.pi)
+    assert main([str(path), "--samples", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "positive real in (0, 1]" in text and "cannot" in text
+    assert "ok   instrument state_reproduction hook=blocks.0.mixer length=6: value" in text
+    assert "ok   control longer_sequences length=24: value 0 (passes if < 0.628)" in text
+
+
+def test_the_bridged_checks_catch_a_wrong_transition_a_blind_summary_and_a_change_beyond_the_range(
+        bridged_runs, monkeypatch):
+    import probe.transitions as transitions
+    from probe.bridge import transition_eigenvalues
+    from probe.checkpoint import load_checkpoint
+    from probe.transitions import bridged_controls, can_count
+
+    ckpt = load_checkpoint(bridged_runs["bridge-nemotron-h-dat"])
+    model, task = ckpt.build_model().eval(), ckpt.task_config
+    measured = can_count(model, task, n_samples=4)
+
+    def passed(**kw):
+        return {c["control"]: c["passed"] for c in bridged_controls(model, task, measured, n_samples=4, **kw)}
+
+    assert all(passed().values())
+    # a transition read wrongly (its square root: the right sign, the wrong dt A) no longer carries the scan's state
+    sqrt = passed(eigenvalues=lambda m, t: {k: v.sqrt() for k, v in transition_eigenvalues(m, t).items()})
+    assert not sqrt["state_reproduction"] and sqrt["negated"]
+
+    # transitions that turn negative beyond the training range: the verdict at L_train no longer holds there
+    def flips_beyond(m, t):
+        out = transition_eigenvalues(m, t)
+        beyond = torch.arange(t.shape[1]) >= task.prefix_len + task.train_length
+        return {k: torch.where(beyond[None, :, None], -v, v) for k, v in out.items()}
+
+    assert not passed(eigenvalues=flips_beyond)["longer_sequences"]
+    # a summary that reads the moduli only can never say "can": the negated instrument catches it
+    real_range = transitions.eigen_range
+    monkeypatch.setattr(transitions, "eigen_range", lambda e, m=2: real_range(e.abs(), m))
+    assert not passed()["negated"]
+
+
+def test_cli_a_bridged_lstm_is_refused_in_one_line_before_any_work(bridged_runs, capsys):
+    assert main([str(bridged_runs["bridge-nemotron-h-lstm-dat"])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "an LSTM is nonlinear" in err and "\n" not in err
