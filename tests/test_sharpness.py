@@ -301,3 +301,83 @@ def test_log_length_on_an_ssmax_checkpoint_is_refused_before_any_work(tmp_path, 
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "ssmax" in err
     assert not (tmp_path / "out").exists()
+
+
+# --- wrapped and bridged models: through each attention module's own scores and pattern hooks ----------------------
+BRIDGE_RUN = ["--set", "model.d_model=32", "--steps", "2", "--set", "schedule.switch=1", "--set", "train.warmup=1",
+              "--set", "train.batch_size=4", "--set", "train.eval_samples=4", "--set", "task.train_length=6",
+              "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def bridged_task():
+    pytest.importorskip("transformers")
+    return make_task("interleaved", train_length=6)
+
+
+def test_a_bridged_attention_is_read_through_its_hooks_and_the_instrument_check_passes(bridged_task):
+    import probe
+
+    model = probe.bridge.model("qwen3-next", bridged_task)
+    assert measure_mod.attention_hooks(model) == {"blocks.1.attn.hook_attn_scores": ("blocks.1.attn.hook_pattern", 1)}
+    mass, _ = sharpness_curve(model, bridged_task, [6], n_samples=8)
+    assert set(mass.layer) == {1} and set(mass["head"]) == {0, 1}
+    row = known_attention_check(model, bridged_task, n_samples=4)
+    assert row["passed"] and row["value"] <= 1e-5, row
+
+
+def test_known_attention_on_a_bridge_fails_when_the_measure_reads_the_wrong_position(monkeypatch, bridged_task):
+    # Jamba's attention hooks are read-only (transformers' own attention runs): the check writes the pattern too
+    import probe
+
+    model = probe.bridge.model("jamba", bridged_task)
+    assert known_attention_check(model, bridged_task, n_samples=4)["passed"]
+    real = measure_mod.recall_targets
+    monkeypatch.setattr(measure_mod, "recall_targets", lambda t, b: (real(t, b)[0], real(t, b)[1] + 1))
+    row = known_attention_check(model, bridged_task, n_samples=4)
+    assert not row["passed"] and row["value"] > 0.01
+
+
+def test_a_wrapped_models_reinitialisation_redraws_its_attention_and_nothing_else(bridged_task):
+    import probe
+
+    model = probe.bridge.model("qwen3-next", bridged_task)
+    other = controls_mod.reinitialised(model, seed=1)
+    attention = {n for n, p in model.named_parameters() if any(p is q for q in model.attention_parameters())}
+    changed = {n for (n, p), (_, q) in zip(model.named_parameters(), other.named_parameters(), strict=True)
+               if not torch.equal(p, q)}
+    assert changed and changed <= attention  # the q, k, v, o projections; the rest, what attention reads, as trained
+    assert {n.rsplit(".", 3)[-3] for n in changed} == {"q_proj", "k_proj", "v_proj", "o_proj"}
+
+
+def test_an_attention_without_scores_and_log_length_on_a_wrapped_model_are_one_line(bridged_task):
+    import probe
+
+    with pytest.raises(ProbeError, match="hook_attn_scores, hook_pattern") as e:
+        sharpness_curve(probe.bridge.model("nemotron-h", bridged_task), bridged_task, [6], n_samples=4)
+    assert "blocks.1.mixer" in str(e.value) and "\n" not in str(e.value)
+    with pytest.raises(ProbeError, match="has none to set"):
+        sharpness_curve(probe.bridge.model("qwen3-next", bridged_task), bridged_task, [6], n_samples=4,
+                        scale="log-length")
+
+
+def test_cli_on_bridged_checkpoints_runs_with_its_controls_or_refuses_before_any_work(bridged_task, tmp_path,
+                                                                                        capsys):
+    from probe.training.cli import main as train_main
+
+    for preset in ("bridge-qwen3-next-dat", "bridge-nemotron-h-lstm-dat"):
+        assert train_main(["--preset", preset, *BRIDGE_RUN, "--out", str(tmp_path / preset)]) == 0
+    capsys.readouterr()
+    path = tmp_path / "bridge-qwen3-next-dat" / "final.pt"
+    assert main([str(path), "--lengths", "6", "--samples", "8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert {r["metric"] for r in out["results"]} == {"attention_mass", "accuracy"}
+    controls = {c["control"]: c for c in out["controls"]}
+    assert set(controls) == {"known_attention", "reinit_attention", "wrong_pair"}
+    assert controls["known_attention"]["passed"]  # two steps train no recall head: the controls may say so
+    lstm = tmp_path / "bridge-nemotron-h-lstm-dat" / "final.pt"
+    assert main([str(lstm), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "hook_attn_scores" in err and not (tmp_path / "out").exists()
+    assert main([str(path), "--scale", "log-length"]) == 2
+    assert "has none to set" in capsys.readouterr().err

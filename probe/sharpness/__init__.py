@@ -9,9 +9,9 @@ Names are imported on first use.
 from probe.core.lazy import lazy_exports
 
 _EXPORTS = {
-    **dict.fromkeys(["SCALES", "TARGETS", "QueryStats", "attention_scale", "mass_rows", "measure_length",
-                     "measure_queries", "not_applicable", "query_targets", "recall_head", "reference_mass",
-                     "sharpness_curve"], "measure"),
+    **dict.fromkeys(["SCALES", "TARGETS", "QueryStats", "attention_hooks", "attention_scale", "mass_rows",
+                     "measure_length", "measure_queries", "not_applicable", "query_targets", "recall_head",
+                     "reference_mass", "sharpness_curve"], "measure"),
     **dict.fromkeys(["SharpnessResult", "analyze", "summary_table"], "report"),
     **dict.fromkeys(["known_attention_check", "oracle_targets", "placebo_control", "reinit_control",
                      "reinitialised", "sharpness_controls"], "controls"),

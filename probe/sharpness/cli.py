@@ -27,7 +27,10 @@ controls rows: checkpoint, control, kind, passed, value and what was compared:
   reinit_attention (control): the recall head's mass at L_train must exceed the best head of the same model with
     re-initialised attention (interval above, and 2x);
   wrong_pair (control): the recall head's mass must exceed 2x its mass on the next pair of the dictionary.
-A model without attention, or a task without a dictionary, is refused in one line (exit code 2) before any work."""
+Wrapped and bridged models (probe.wrap, a bridge-* preset) are read through each attention module's hook_attn_scores
+and hook_pattern, where it has them (TransformerLens's bridge: blocks.{i}.attn), with --scale none only.
+A model without attention, or whose attention exposes no scores and pattern (a bridged Nemotron-H's), or a task
+without a dictionary, is refused in one line (exit code 2) before any work."""
 
 
 @dataclass
@@ -47,24 +50,32 @@ def run(opts: SharpnessOptions) -> Report:
     from probe.core.lengths import multiples
     from probe.core.progress import progress_iter
     from probe.memory import check_lengths
-    from probe.sharpness.measure import not_applicable
+    from probe.models import ModelConfig
+    from probe.sharpness.measure import attention_hooks, not_applicable
     from probe.sharpness.plots import plot_mass
     from probe.sharpness.report import analyze, summary_table
-    from probe.wrapped import refuse_wrapped
 
     device = resolve_device(opts.device)
     paths = resolve_checkpoints(opts.checkpoints)
     ckpts = [load_checkpoint(p) for p in paths]
     for path, ckpt in zip(paths, ckpts, strict=True):  # every file and length before any work
-        task = ckpt.task_config
-        refuse_wrapped(str(path), ckpt.model_config, "probe's attention patterns")
-        if opts.scale != "none" and ckpt.model_config.attn_scale == "ssmax":
+        task, cfg = ckpt.task_config, ckpt.model_config
+        own = isinstance(cfg, ModelConfig)
+        if opts.scale != "none" and not own:
+            raise ProbeError(f"{path}: --scale {opts.scale} sets the logit scale of probe's own attention layers; a "
+                             "wrapped or bridged model's attention has none to set (run it with --scale none)")
+        if opts.scale != "none" and cfg.attn_scale == "ssmax":
             raise ProbeError(f"{path}: trained with attn_scale=ssmax; --scale {opts.scale} applies to models "
                              "trained without a logit scale")
-        why = not_applicable(ckpt.model_config, task)
+        why = not_applicable(cfg, task)
         if why:
             raise ProbeError(f"{path}: this analysis does not apply to this checkpoint "
                              f"({why.removeprefix('not applicable: ')})")
+        if not own:  # a wrapped model names its attention modules only once built: do they expose scores?
+            try:
+                attention_hooks(ckpt.build_model("cpu"))
+            except ProbeError as e:
+                raise ProbeError(f"{path}: this analysis does not apply to this checkpoint ({e})") from None
         lengths = opts.lengths or multiples(task.train_length, (1, 4, 8, 16))
         check_lengths(ckpt.model_config, task, [*lengths, task.train_length], device, name=str(path))
     if not ckpts:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
@@ -12,7 +13,8 @@ import torch
 from torch import Tensor
 
 from probe.core.rows import CONTROL, INSTRUMENT, check_row
-from probe.sharpness.measure import TARGETS, mass_rows, measure_length, reference_mass
+from probe.sharpness.measure import TARGETS, attention_hooks, mass_rows, measure_length, reference_mass
+from probe.wrapped import WrappedModel
 
 if TYPE_CHECKING:
     from probe.models import HookedSequenceModel
@@ -49,32 +51,44 @@ def known_gaps(n_layers: int, n_heads: int) -> Tensor:
 
 def known_attention_check(model: HookedSequenceModel, task: TaskConfig, length: int | None = None,
                           n_samples: int = 8, seed: int = 0) -> dict[str, Any]:
-    """Instrument check: every attention block's scores are overwritten with Δ_(block, head) on each query's value
-    position (found by ``oracle_targets``) and 0 on its other keys, so the mass on the value is exactly
-    e^Δ / (e^Δ + n − 1), on the key 1 / (e^Δ + n − 1), and the gaps are Δ and −Δ / (n − 1). Fails when the
-    measurement reads the wrong position (an off-by-one, key for value, another pair), the wrong row or head, or
-    the gap from the wrong scores."""
+    """Instrument check: every attention layer's scores are overwritten with Δ_(layer, head) on each query's value
+    position (found by ``oracle_targets``) and 0 on its other keys, and its pattern with their causal softmax, so
+    the mass on the value is exactly e^Δ / (e^Δ + n − 1), on the key 1 / (e^Δ + n − 1), and the gaps are Δ and
+    −Δ / (n − 1). Fails when the measurement reads the wrong position (an off-by-one, key for value, another pair),
+    the wrong row or head, or the gap from the wrong scores. The pattern is written too, not left to the model,
+    because a bridged Jamba's or OLMo-hybrid's attention hooks are read-only (TransformerLens keeps transformers' own
+    attention there and its hooks report it): the check is of the reading, on any model."""
     length = length or task.train_length
-    cfg = model.cfg
-    gaps = known_gaps(cfg.n_layers, cfg.n_heads)
+    hooks = attention_hooks(model)
+    layers = {s: k for s, (_, k) in hooks.items()} | {p: k for p, k in hooks.values()}
+    gaps = known_gaps(max(layers.values()) + 1, model.cfg.n_heads)
     captured: list[dict[tuple[int, int], int]] = []
 
-    def write(scores: Tensor, hook: Any) -> Tensor:
-        layer = int(hook.name.split(".")[1])
-        t = scores.shape[-1]
-        new = torch.zeros_like(scores)
+    def known(like: Tensor, layer: int) -> Tensor:
+        t = like.shape[-1]
+        new = torch.zeros_like(like)
         for (b, q), j in captured[-1].items():
-            new[b, :, q, j + 1] = gaps[layer].to(scores)
-        return new.masked_fill(torch.ones(t, t, dtype=torch.bool, device=scores.device).triu(1), -1e5)
+            new[b, :, q, j + 1] = gaps[layer].to(like)
+        return new.masked_fill(torch.ones(t, t, dtype=torch.bool, device=like.device).triu(1), -1e5)
 
-    def oracle(module: Any, inputs: tuple[Tensor, ...], output: Tensor) -> None:
-        # the oracle's targets for the batch the embedding is about to pass on, before any block writes scores
-        captured.append(oracle_targets(task, task.relabel(inputs[0])))
+    def write(scores: Tensor, hook: Any) -> Tensor:
+        return known(scores, layers[hook.name])
 
-    handle = model.embed.register_forward_hook(oracle)
+    def write_pattern(pattern: Tensor, hook: Any) -> Tensor:
+        return known(pattern.float(), layers[hook.name]).softmax(-1).to(pattern.dtype)
+
+    def oracle(module: Any, args: tuple[Tensor, ...]) -> None:
+        # the oracle's targets for the batch the model is about to run, before any layer writes scores
+        captured.append(oracle_targets(task, task.relabel(args[0])))
+
+    # run_with_hooks calls forward itself, so the model's own pre-hooks do not fire: the first module it calls with
+    # the tokens is the wrapped model's module, or probe's embedding
+    handle = (model.module if isinstance(model, WrappedModel) else model.embed).register_forward_pre_hook(oracle)
     try:
-        stats = measure_length(model, task, length, n_samples, seed,
-                               fwd_hooks=[(lambda n: n.endswith("attn.hook_attn_scores"), write)])
+        writes = [*((s, write) for s in hooks), *((p, write_pattern) for p, _ in hooks.values())]
+        with warnings.catch_warnings():  # the bridge warns that a read-only hook's edit is discarded: known here
+            warnings.filterwarnings("ignore", message="A hook on .* returned a modified tensor")
+            stats = measure_length(model, task, length, n_samples, seed, fwd_hooks=writes)
     finally:
         handle.remove()
     worst = 0.0
@@ -95,10 +109,17 @@ def known_attention_check(model: HookedSequenceModel, task: TaskConfig, length: 
 
 def reinitialised(model: HookedSequenceModel, seed: int = 0) -> HookedSequenceModel:
     """A copy of ``model`` whose attention sublayers (and their LayerNorms) are freshly initialised from ``seed``;
-    the recurrent layers, MLPs and embeddings, hence what attention reads, stay as trained."""
+    the recurrent layers, MLPs and embeddings, hence what attention reads, stay as trained. A wrapped or bridged
+    model's named attention modules are re-initialised by their submodules' own ``reset_parameters`` (the q, k, v
+    and o projections); a norm before them belongs to its block, not to the module, and stays as trained."""
     other = copy.deepcopy(model)
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
+        if isinstance(other, WrappedModel):
+            for module in (m for attention in other.attention_modules for m in attention.modules()):
+                if hasattr(type(module), "reset_parameters"):  # the class's own: a bridge delegates the rest
+                    module.reset_parameters()
+            return other
         for block in other.blocks:
             if hasattr(block, "attn"):
                 for module in (block.ln_attn, block.attn.W_Q, block.attn.W_K, block.attn.W_V, block.attn.W_O):

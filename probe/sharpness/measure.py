@@ -22,6 +22,7 @@ from probe.memory import check_lengths, fit_batch_size
 from probe.models.components import default_train_positions
 from probe.tasks import Batch, TaskConfig
 from probe.windows import accuracy_at_length, eval_seed
+from probe.wrapped import WrappedModel
 
 if TYPE_CHECKING:
     from probe.models import HookedSequenceModel
@@ -55,6 +56,30 @@ def reference_mass(delta: float | Tensor | np.ndarray, n: float | Tensor | np.nd
         return 1.0 / (1.0 + np.exp(np.log(np.asarray(n, dtype=float) - 1) - np.asarray(delta, dtype=float)))
 
 
+def attention_hooks(model: Any) -> dict[str, tuple[str, int]]:
+    """Each attention layer's ``hook_attn_scores`` -> (its ``hook_pattern``, the layer number the rows give it): the
+    hooks the diagnostic reads. probe's own: ``blocks.{i}.attn.*``, layer i. A wrapped or bridged model's:
+    ``<name>.hook_attn_scores`` / ``hook_pattern`` of each named attention module (TransformerLens's bridge has them
+    on ``blocks.{i}.attn``), layer i for a ``blocks.{i}.`` name, else its place among the attention names. An
+    attention that exposes neither is one line naming it (Nemotron-H's, which the bridge maps by its input and
+    output only; a user's ``nn.MultiheadAttention``)."""
+    if not isinstance(model, WrappedModel):
+        return {f"blocks.{i}.attn.hook_attn_scores": (f"blocks.{i}.attn.hook_pattern", i)
+                for i, b in enumerate(model.blocks) if hasattr(b, "attn")}
+    missing = [n for n in model.attention_names
+               if not {f"{n}.hook_attn_scores", f"{n}.hook_pattern"} <= set(model.hook_dict)]
+    if missing:
+        raise ProbeError(f"{', '.join(missing)}: this analysis reads each attention's scores and pattern "
+                         "(hook_attn_scores, hook_pattern), which this model exposes only by the module's input and "
+                         "output")
+
+    def number(name: str, k: int) -> int:
+        parts = name.split(".")
+        return int(parts[1]) if parts[0] == "blocks" and len(parts) > 1 and parts[1].isdigit() else k
+
+    return {f"{n}.hook_attn_scores": (f"{n}.hook_pattern", number(n, k)) for k, n in enumerate(model.attention_names)}
+
+
 # --- one batch: per recall query, per block and head ------------------------------------------------------------
 @dataclass
 class QueryStats:
@@ -85,10 +110,10 @@ def _row_gather(rows: Tensor, pos: Tensor) -> Tensor:
 @torch.no_grad()
 def measure_queries(model: HookedSequenceModel, task: TaskConfig, batch: Batch,
                     fwd_hooks: HookList = ()) -> QueryStats:
-    """One forward pass of ``batch``; hooks on every ``attn.hook_pattern`` and ``attn.hook_attn_scores`` keep only
-    each recall query's row, so memory stays that of a plain forward. ``fwd_hooks`` run first (an instrument check
-    writes a known attention there). The gap of a target is its score minus the mean score of the query's other
-    causal keys, read after any logit scaling."""
+    """One forward pass of ``batch``; hooks on every attention's ``hook_pattern`` and ``hook_attn_scores``
+    (``attention_hooks``) keep only each recall query's row, so memory stays that of a plain forward. ``fwd_hooks``
+    run first (an instrument check writes a known attention there). The gap of a target is its score minus the mean
+    score of the query's other causal keys, read after any logit scaling."""
     check_inputs("probe.sharpness.measure_queries", model=model, batch=batch, task=task)
     mask, targets, placebo = query_targets(task, batch)
     qb, qt = mask.nonzero(as_tuple=True)
@@ -97,9 +122,11 @@ def measure_queries(model: HookedSequenceModel, task: TaskConfig, batch: Batch,
     wrong = {k: v[qb, qt] for k, v in placebo.items()}
     t = batch.tokens.shape[1]
     causal = torch.arange(t, device=qt.device)[None, :] <= qt[:, None]  # n key
+    hooked = attention_hooks(model)
+    numbers = {**{s: k for s, (_, k) in hooked.items()}, **{p: k for p, k in hooked.values()}}
 
     def layer(name: str) -> int:
-        return int(name.split(".")[1])
+        return numbers[name]
 
     def read_pattern(pattern: Tensor, hook: Any) -> None:
         rows = pattern[qb, :, qt].float()  # n head key
@@ -116,8 +143,7 @@ def measure_queries(model: HookedSequenceModel, task: TaskConfig, batch: Batch,
             gaps[k] = (at - (total - at) / (n - 1)).cpu()
         stats.gap[layer(hook.name)] = gaps
 
-    hooks = [*fwd_hooks, (lambda n: n.endswith("attn.hook_attn_scores"), read_scores),
-             (lambda n: n.endswith("attn.hook_pattern"), read_pattern)]
+    hooks = [*fwd_hooks, *((s, read_scores) for s in hooked), *((p, read_pattern) for p, _ in hooked.values())]
     model.run_with_hooks(batch.tokens, return_type=None, fwd_hooks=hooks)
     return stats
 
@@ -127,9 +153,16 @@ def measure_queries(model: HookedSequenceModel, task: TaskConfig, batch: Batch,
 def attention_scale(model: HookedSequenceModel, scale: str, task: TaskConfig) -> Iterator[None]:
     """Within the block every attention layer scales its logits by ``scale`` (``none`` or ``log-length``) with n_train
     from ``task`` (prefix + L_train); the previous scale comes back on exit, also on an exception. A model trained
-    with ``ssmax`` keeps its own scale (log-length on top of it would scale twice)."""
+    with ``ssmax`` keeps its own scale (log-length on top of it would scale twice). A wrapped or bridged model's
+    attention has no scale of probe's to set: ``none`` leaves it as it is, ``log-length`` is refused."""
     if scale not in SCALES:
         raise ProbeError(f"unknown scale {scale!r}; choose one of {', '.join(SCALES)}")
+    if isinstance(model, WrappedModel):
+        if scale != "none":
+            raise ProbeError(f"--scale {scale} sets the logit scale of probe's own attention layers; a wrapped or "
+                             "bridged model's attention has none to set (run it with --scale none)")
+        yield
+        return
     layers = [b.attn for b in model.blocks if hasattr(b, "attn")]
     if scale != "none" and any(a.scale == "ssmax" for a in layers):
         raise ProbeError("this model was trained with attn_scale=ssmax; --scale log-length applies to models "
