@@ -301,15 +301,17 @@ def evaluation_envelope(curves: pd.DataFrame, paths: Sequence[str | Path],
 def memory_plan(paths: Sequence[str | Path], lengths: Sequence[int] | None = None, n_samples: int = 256,
                 batch_size: int = 256, device: torch.device | str = "cpu",
                 default: Callable[[int], list[int]] = up_to) -> Plan:
-    """The largest activation peak ``evaluate_checkpoints`` plans for over these checkpoints and lengths (the same
-    sub-batches its ``length_curve`` picks, never more sequences than ``n_samples``): what ``python -m
-    probe.evaluate`` reports beside the measured peak."""
+    """The largest activation peak that ``python -m probe.evaluate`` plans for over these checkpoints: the lengths of
+    ``evaluate_checkpoints`` and the windows' length of ``evaluate_windows`` (the longest asked, else 16 x L_train:
+    the costliest of the default run), at the sub-batches they pick (never more sequences than ``n_samples``); what
+    the CLI reports beside the measured peak."""
     from probe.checkpoint import load_checkpoint
 
     plans = []
     for path in paths:
         ckpt = load_checkpoint(path)
-        lens = list(lengths) if lengths else default(ckpt.task_config.train_length)
+        train_length = ckpt.task_config.train_length
+        lens = list(lengths) if lengths else [*default(train_length), 16 * train_length]
         check_lengths(ckpt.model_config, ckpt.task_config, lens, device, name=str(ckpt.path or ckpt.name))
         plans.append(plan_lengths(ckpt.model_config, lens, min(batch_size, n_samples), device,
                                   prefix=ckpt.task_config.prefix_len))
@@ -390,8 +392,9 @@ that length (the all-position mean at a length k x L_train mixes in-range positi
 windows); controls rows {control: "chance", subtask, token_acc, kind "control", passed, worst_in_range}: the
 accuracy of guessing uniformly (state 1/m, recall 1/n_values); passed when every checkpoint's mean token accuracy
 over lengths <= L_train beats it. memory {planned_bytes (the activations of the largest sub-batch at the costliest
-length, probe.memory's estimate), planned_batch, planned_length, available_bytes (free when planned), measured_bytes
-(the peak growth of the process's memory during the evaluation), measured_by (how it was measured)}."""
+length, the windows' included: probe.memory's estimate), planned_batch, planned_length, planned_note (what kind of
+estimate, and how far off it was on benchmarks/evaluate_memory.py), available_bytes (free when planned),
+measured_bytes (the peak growth of the process's memory during the evaluation), measured_by (how it was measured)}."""
 
 
 def _note(text: str) -> None:
@@ -439,13 +442,14 @@ def run(opts: EvaluateOptions) -> Report:
                  "checkpoints (lowest), beside chance:", windows_summary(windows).to_string(index=False)]
     else:
         text.append("\nno whole window of positions to report: the longest length evaluated is below L_train")
-    text.append(f"memory: planned at most {plan.bytes / 2**20:.0f} MB of activations (sub-batches of {plan.batch} at "
-                f"length {plan.length}; {plan.available / 2**30:.1f} GB free), measured {peak.bytes / 2**20:.0f} MB "
-                f"({peak.method})")
+    text.append(f"memory: planned about {plan.bytes / 2**20:.0f} MB of activations (sub-batches of {plan.batch} at "
+                f"length {plan.length}; {plan.available / 2**30:.1f} GB free; {plan.note}), measured "
+                f"{peak.bytes / 2**20:.0f} MB ({peak.method})")
     result = evaluation_envelope(curves, paths, windows)
     text += ["controls:", *(control_line(c) for c in result["controls"])]
     memory = {"planned_bytes": plan.bytes, "planned_batch": plan.batch, "planned_length": plan.length,
-              "available_bytes": plan.available, "measured_bytes": peak.bytes, "measured_by": peak.method}
+              "planned_note": plan.note, "available_bytes": plan.available, "measured_bytes": peak.bytes,
+              "measured_by": peak.method}
     return Report(result["checkpoints"], result["results"], result["controls"], "\n".join(text),
                   figures=lambda: {"accuracy_vs_length.png": plot_length_curves(curves)}, dpi=150,
                   extra={"memory": memory})
