@@ -63,6 +63,9 @@ def attention_hooks(model: Any) -> dict[str, tuple[str, int]]:
     on ``blocks.{i}.attn``), layer i for a ``blocks.{i}.`` name, else its place among the attention names. An
     attention that exposes neither is one line naming it (Nemotron-H's, which the bridge maps by its input and
     output only; a user's ``nn.MultiheadAttention``)."""
+    if not getattr(model, "attention_names", True) or not isinstance(model, WrappedModel) and not any(
+            hasattr(b, "attn") for b in model.blocks):
+        raise ProbeError("not applicable: this model has no attention, so no head can put mass on a key")
     if not isinstance(model, WrappedModel):
         return {f"blocks.{i}.attn.hook_attn_scores": (f"blocks.{i}.attn.hook_pattern", i)
                 for i, b in enumerate(model.blocks) if hasattr(b, "attn")}
