@@ -30,11 +30,19 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "bridge.md"
 BEGIN, END = "<!-- bridge-matrix:begin -->", "<!-- bridge-matrix:end -->"
 ARCHS = ["jamba", "qwen3-next", "falcon-h1", "nemotron-h", "lfm2", "bamba", "granitemoehybrid", "olmo-hybrid",
-         "mamba2", "mamba", "falcon-mamba", "rwkv", "recurrentgemma"]
+         "mamba2", "mamba", "falcon-mamba", "rwkv", "recurrentgemma", "nemotron-h + lstm"]
+"""The rows: an architecture of ``probe.bridge.ARCHS``, or one with an nn.LSTM / nn.GRU in its recurrent layers'
+place (``ARCH + lstm``: ``probe.bridge.boot(..., recurrent="lstm")``)."""
 L = 6  # sequence length: every cell is a smoke run of the analysis on a tiny model, never a measurement
 
 
-def _dat(arch: str, task: Any) -> None:
+def _row(name: str) -> tuple[str, str]:
+    """``(arch, recurrent)`` of a row of ``ARCHS``."""
+    arch, _, cell = name.partition(" + ")
+    return arch, cell or "native"
+
+
+def _dat(arch: str, task: Any, recurrent: str = "native") -> None:
     """probe's trainer (``probe.training.train``) on ``arch`` as a ``BridgeModelConfig``, DAT switching at step 2 of
     4, float32 snapshots every 2 steps; then the attention parameters must be those of step 0 at the switch and have
     moved by step 4, and ``final.pt`` must rebuild (offline, ``torch.load(weights_only=True)``) to the same logits
@@ -46,7 +54,7 @@ def _dat(arch: str, task: Any) -> None:
     _, _, cfg = build_configs("hybrid-dat", overrides=[
         "train.steps=4", "schedule.switch=2", "train.batch_size=4", "train.warmup=1", "train.eval_every=4",
         "train.eval_samples=4", "train.ckpt_every=4", "train.traj_every=2", "train.traj_dtype=float32"])
-    model_cfg = BridgeModelConfig(arch=arch, d_model=32, n_layers=2, vocab_size=task.vocab_size)
+    model_cfg = BridgeModelConfig(arch=arch, d_model=32, n_layers=2, vocab_size=task.vocab_size, recurrent=recurrent)
     with tempfile.TemporaryDirectory() as out, contextlib.redirect_stderr(io.StringIO()):
         train(model_cfg, task, cfg, out, progress=False)
         snaps = [load_checkpoint(Path(out) / "trajectory" / f"step_{s:06d}.pt") for s in (0, 2, 4)]
@@ -89,7 +97,8 @@ def _cells(task: Any) -> dict[str, Callable[[BridgedModel], Any]]:
         "sharpness": lambda m: sharpness_curve(m, task, [L], n_samples=4),
         "transitions": lambda m: can_count(m, task, length=L, n_samples=2),
         "evaluate": lambda m: evaluate(m, task, n_samples=4),
-        "DAT training": lambda m: _dat(m.module.probe_arch, task),
+        "DAT training": lambda m: _dat(m.module.probe_arch, task, next(
+            (c.kind for c in m.components if c.kind in ("lstm", "gru")), "native")),
     }
 
 
@@ -121,16 +130,17 @@ def matrix(archs: list[str] = ARCHS) -> dict[str, dict[str, str]]:
     task = make_task("interleaved", train_length=L)
     cells = _cells(task)
     out = {}
-    for arch in archs:
+    for name in archs:
+        arch, recurrent = _row(name)
         torch.manual_seed(0)
         try:
-            model = bridged(arch, task)
+            model = bridged(arch, task, recurrent=recurrent)
         except ProbeError as e:
             row = dict.fromkeys(cells, _one_line(e))
-            row["evaluate"] = cell(lambda b: evaluate(b, task, n_samples=4), boot(arch, task))
-            out[arch] = row
+            row["evaluate"] = cell(lambda b: evaluate(b, task, n_samples=4), boot(arch, task, recurrent=recurrent))
+            out[name] = row
             continue
-        out[arch] = {name: cell(fn, model) for name, fn in cells.items()}
+        out[name] = {analysis: cell(fn, model) for analysis, fn in cells.items()}
     return out
 
 
