@@ -1,5 +1,7 @@
 """Checkpoints: one file of plain data (configs, weights, optimizer state, metrics), written atomically,
-read with ``torch.load(weights_only=True)``, and validated with one-line errors that name the file."""
+read with ``torch.load(weights_only=True)``, and validated with one-line errors that name the file.
+
+``python -m probe.checkpoint upgrade PATH...`` rewrites files of an older format in this one, once."""
 
 from __future__ import annotations
 
@@ -22,21 +24,30 @@ from typing import Any, BinaryIO
 
 import torch
 
+from probe.cli import envelope, make_parser, run_cli, say
 from probe.core.package import __version__
 from probe.core.specs import is_factory_spec
 from probe.errors import ProbeError
 from probe.external import AnyModelConfig, build_any, call_factory, model_config_from_dict
 from probe.models import ModelConfig
 from probe.schedules import legacy
-from probe.schedules.settings import ScheduleConfig, variant_name
+from probe.schedules.settings import ScheduleConfig
 from probe.tasks import TaskConfig, task_from_dict
 
 FORMAT = "probe-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The schema this probe writes. 2: the training record's schedule is spelt as ``ScheduleConfig.to_dict`` writes it
+(its settings and its variant's name), and only so. 1 (probe 0.1.0): the schedule in any spelling it ever had (an
+old ``kind``, bare-number points: ``probe.schedules.legacy``). A file of format 1 is converted as it is read, with a
+note; ``python -m probe.checkpoint upgrade PATH`` rewrites it once."""
 
 
 class CheckpointError(ProbeError):
     """A checkpoint file is missing, unreadable, foreign or incompatible."""
+
+
+class CheckpointFormatWarning(UserWarning):
+    """A checkpoint of an older format was converted as it was read; rewriting it once makes the note go away."""
 
 
 @dataclass
@@ -60,35 +71,26 @@ class Checkpoint:
 
     @property
     def schedule_config(self) -> ScheduleConfig | None:
-        """The run's schedule (an old checkpoint's read as it was meant: ``schedules.legacy``); None when none is
-        recorded or it cannot be read."""
+        """The run's schedule; None when none is recorded or the record is not a schedule."""
         if not isinstance(self.train_config.get("schedule"), dict):
             return None
         try:
-            return legacy.read_schedule(self.train_config["schedule"])
+            return ScheduleConfig.from_dict(self.train_config["schedule"])
         except (ProbeError, TypeError):
             return None
 
     @property
     def variant(self) -> str | None:
-        """The schedule variant's one name (``joint``, ``dat``, ``stopgrad-rnn0``, ``dat+frozen-rnn``, ...), read
-        from the settings that make a variant, so that a record whose timings are incomplete is still named."""
-        settings = self._schedule_settings()
-        return None if settings is None else variant_name(settings)
+        """The schedule variant's one name (``joint``, ``dat``, ``stopgrad-rnn0``, ``dat+frozen-rnn``, ...)."""
+        cfg = self.schedule_config
+        return None if cfg is None else cfg.name
 
     @property
     def schedule(self) -> str | None:
         """The schedule in the old vocabulary of kinds (``joint``, ``delayed``, ``stopgrad``, ...) that the
         ``schedule`` column of results has always used; ``variant`` and ``label`` tell variants apart."""
-        settings = self._schedule_settings()
-        return None if settings is None else legacy.old_kind(settings)
-
-    def _schedule_settings(self) -> dict[str, Any] | None:
-        sched = self.train_config.get("schedule")
-        try:
-            return legacy.schedule_settings(sched) if isinstance(sched, dict) else None
-        except ProbeError:
-            return None
+        cfg = self.schedule_config
+        return None if cfg is None else legacy.old_kind(cfg)
 
     @property
     def label(self) -> str:
@@ -134,7 +136,6 @@ class Checkpoint:
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     """Write ``ckpt`` to ``path`` atomically: a temp file in the same folder, then ``os.replace``."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -148,13 +149,23 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
         "metrics": ckpt.metrics,
         "extra": ckpt.extra,
     }
+    _write_atomically(path, payload)
+    ckpt.path = path
+    return path
+
+
+def _write_atomically(path: Path, payload: dict[str, Any], mode: int | None = None) -> None:
+    """``torch.save(payload)`` to a temp file beside ``path``, flushed to disk, then renamed over ``path``: a reader
+    sees the old file or the new one, never part of one. ``mode``: the new file's permissions (default: what a plain
+    ``open()`` gives)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     except OSError as e:
         raise CheckpointError(f"{path}: cannot write it ({e.strerror or type(e).__name__})") from None
     try:
         # mkstemp creates the file 0600; a checkpoint is shared data, so give it what open() would: 0666 - umask
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, 0o666 & ~_umask() if mode is None else mode)
         with os.fdopen(fd, "wb") as f:
             torch.save(payload, f)
             f.flush()
@@ -170,8 +181,6 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
             why = cause.strerror or str(cause) or type(cause).__name__
             raise CheckpointError(f"{path}: cannot write it ({why}); the file {was}, never torn") from None
         raise
-    ckpt.path = path
-    return path
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -204,26 +213,30 @@ def load_checkpoint(source: str | os.PathLike | BinaryIO, map_location: str | to
     """
     if isinstance(source, (str, os.PathLike)):
         path = Path(source)
-        if not path.exists():
-            if is_factory_spec(str(source)):  # package.module:factory, a live model in place of a file
-                return load_factory(str(source))
-            raise CheckpointError(f"{path}: no such file")
-        if path.is_dir():
-            raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
-        if path.stat().st_size == 0:
-            raise CheckpointError(f"{path}: empty file, not a checkpoint")
-        try:
-            f = path.open("rb")
-        except OSError as e:
-            raise CheckpointError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
-        with f:
-            obj = _load_payload(f, str(path), map_location)
-        return checkpoint_from_payload(obj, path)
+        if not path.exists() and is_factory_spec(str(source)):  # package.module:factory, a live model, not a file
+            return load_factory(str(source))
+        return checkpoint_from_payload(_read_file(path, map_location), path)
     named = Path(source.name) if isinstance(getattr(source, "name", None), str) else None
     if not source.seekable():  # recognising the format reads ahead and rewinds
         source = io.BytesIO(source.read())
     obj = _load_payload(source, str(named or "<stream>"), map_location)
     return checkpoint_from_payload(obj, named)
+
+
+def _read_file(path: Path, map_location: str | torch.device) -> Any:
+    """The payload of the file at ``path`` (``_load_payload``), after the checks a path needs."""
+    if not path.exists():
+        raise CheckpointError(f"{path}: no such file")
+    if path.is_dir():
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file")
+    if path.stat().st_size == 0:
+        raise CheckpointError(f"{path}: empty file, not a checkpoint")
+    try:
+        f = path.open("rb")
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot read it ({e.strerror or type(e).__name__})") from None
+    with f:
+        return _load_payload(f, str(path), map_location)
 
 
 # --- telling a bad file apart ----------------------------------------------------------------------------
@@ -395,21 +408,46 @@ def _refusal(globals_: list[str]) -> str:
             f"{_FIX}")
 
 
-def checkpoint_from_payload(obj: Any, path: Path | None = None) -> Checkpoint:
-    name = str(path) if path else "<checkpoint>"
+# --- formats ---------------------------------------------------------------------------------------------------------
+def _this_format(obj: Any, name: str) -> tuple[dict[str, Any], int]:
+    """A file's payload in this probe's format, and the format it was written in. An older format is converted here
+    and nowhere else: its schedule record re-spelt once by ``legacy.upgrade_schedule``; a newer one is refused."""
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         holds = (f"a dict of {', '.join(repr(k)[:40] for k in list(obj)[:4])}{', ...' if len(obj) > 4 else ''}"
                  if isinstance(obj, dict) and obj else f"a {type(obj).__name__}")
         raise CheckpointError(f"{name}: not a probe checkpoint: a torch file ({holds}) without probe's format "
                               f"marker; {_FIX}")
     version = obj.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool):
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise CheckpointError(f"{name}: damaged probe checkpoint (format_version is {version!r}); {_RECOPY}")
     if version > FORMAT_VERSION:
         raise CheckpointError(
             f"{name}: written in checkpoint format {version} by probe {obj.get('probe_version')}; "
             f"this probe ({__version__}) reads format <= {FORMAT_VERSION}: upgrade probe"
         )
+    if version == FORMAT_VERSION:
+        return obj, version
+    current = dict(obj, format_version=FORMAT_VERSION)
+    train = obj.get("train_config")
+    if isinstance(train, dict) and isinstance(train.get("schedule"), dict):
+        try:
+            current["train_config"] = dict(train, schedule=legacy.upgrade_schedule(train["schedule"]))
+        except ProbeError as e:
+            raise CheckpointError(f"{name}: checkpoint format {version} whose schedule record is not a schedule "
+                                  f"({e})") from None
+    return current, version
+
+
+def checkpoint_from_payload(obj: Any, path: Path | None = None) -> Checkpoint:
+    """The checkpoint a file's payload holds, checked. A file of an older format is converted first, with a note
+    (``CheckpointFormatWarning``) that names it and how to rewrite it once."""
+    name = str(path) if path else "<checkpoint>"
+    obj, version = _this_format(obj, name)
+    if version < FORMAT_VERSION:
+        fix = (f"python -m probe.checkpoint upgrade {path}" if path else
+               "probe.checkpoint.save_checkpoint writes it in this format")
+        warnings.warn(f"{name}: checkpoint format {version}, converted as it was read; rewrite it once in format "
+                      f"{FORMAT_VERSION}: {fix}", CheckpointFormatWarning, stacklevel=3)
     missing = [k for k in ("model_config", "task_config", "state_dict") if k not in obj]
     if missing:
         raise CheckpointError(f"{name}: incomplete checkpoint, missing {', '.join(missing)}; {_RECOPY}")
@@ -517,3 +555,66 @@ def load_factory(spec: str) -> FactoryCheckpoint:
         raise CheckpointError(f"no such file, and {e}") from None
     return FactoryCheckpoint(path=None, model_config=model.cfg, task_config=task, state_dict={}, model=model,
                              spec=spec)
+
+
+# --- python -m probe.checkpoint upgrade ----------------------------------------------------------------------------
+def upgrade_checkpoint(path: str | os.PathLike) -> int:
+    """Rewrite the checkpoint at ``path`` in this probe's format (``FORMAT_VERSION``) and return the format it had.
+
+    Only the format changes: the weights, the optimizer state and every other field are written back as they were
+    read. The rewrite is atomic (a temp file, then a rename, as ``save_checkpoint`` writes), so a failure midway
+    leaves the file as it was; the file is checked as a whole before anything is written. A file already in this
+    format is not touched."""
+    path = Path(path)
+    obj, version = _this_format(_read_file(path, "cpu"), str(path))
+    if version < FORMAT_VERSION:
+        checkpoint_from_payload(obj, path)  # a file that would not load is not rewritten
+        _write_atomically(path, obj, mode=path.stat().st_mode & 0o777)
+    return version
+
+
+_UPGRADE_HELP = f"""Rewrite checkpoints of an older format in format {FORMAT_VERSION}, once, so that they load without a
+note. Each file is rewritten atomically (a temp file, then a rename: a failure leaves it as it was), its weights,
+optimizer state and metrics as they were; a file already in format {FORMAT_VERSION} is left as it is. Not on a run
+that is training: its next save would race the rewrite.
+
+--json prints one object; each row: checkpoint, format_was, format, rewritten (true or false)."""
+
+
+def _checkpoint_files(specs: list[str]) -> list[Path]:
+    """Files as given; a folder stands for every ``*.pt`` below it."""
+    out: list[Path] = []
+    for spec in specs:
+        p = Path(spec)
+        found = sorted(p.rglob("*.pt")) if p.is_dir() else [p]
+        if not found:
+            raise CheckpointError(f"{p}: folder holds no *.pt checkpoints")
+        out += found
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m probe.checkpoint upgrade PATH...``: one line and exit code 2 on a bad file."""
+    parser = make_parser("python -m probe.checkpoint", "Checkpoint files in this probe's format.")
+    sub = parser.add_subparsers(dest="action", required=True, metavar="upgrade")
+    upgrade = sub.add_parser("upgrade", help="rewrite checkpoints of an older format, once",
+                             description=_UPGRADE_HELP, formatter_class=parser.formatter_class)
+    upgrade.add_argument("paths", nargs="+", metavar="PATH",
+                         help="checkpoint files, or folders (every *.pt below them)")
+    upgrade.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    def body(args: Any) -> dict[str, Any]:
+        rows = []
+        for path in _checkpoint_files(args.paths):
+            was = upgrade_checkpoint(path)
+            rows.append({"checkpoint": str(path), "format_was": was, "format": FORMAT_VERSION,
+                         "rewritten": was != FORMAT_VERSION})
+            say(args, f"{path}: " + (f"format {was} -> {FORMAT_VERSION}, rewritten" if was != FORMAT_VERSION else
+                                     f"already format {FORMAT_VERSION}, left as it is"))
+        return envelope("checkpoint upgrade", [r["checkpoint"] for r in rows], rows)
+
+    return run_cli(parser, body, argv)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

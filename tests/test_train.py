@@ -23,6 +23,7 @@ from probe import hardware
 from probe.checkpoint import load_checkpoint, save_checkpoint
 from probe.errors import ProbeError
 from probe.models import HookedSequenceModel, ModelConfig
+from probe.schedules import legacy
 from probe.schedules.points import At
 from probe.schedules.settings import VARIANTS, ScheduleConfig, variant_name
 from probe.tasks import make_task
@@ -121,8 +122,8 @@ def test_adaptive_schedule_switches_on_plateau_and_is_capped():
 
 
 def _record(**schedule) -> ScheduleConfig:
-    """A schedule as a checkpoint recorded it, read as every record is read."""
-    return TrainConfig.from_dict({"schedule": schedule}).schedule
+    """A schedule as an old checkpoint recorded it, converted as loading a file of format 1 converts it."""
+    return ScheduleConfig.from_dict(legacy.upgrade_schedule(schedule))
 
 
 def test_bad_schedules_raise():
@@ -236,13 +237,31 @@ def _legacy_label(d: dict, family: str) -> str:
             + ("+frozen-rnn" if d.get("freeze_recurrent_after_switch") else ""))
 
 
-@pytest.mark.parametrize("path", ["hybrid-dat.pt", "hybrid-joint.pt", "lstm.pt", "transformer.pt",
-                                  "trajectories/hybrid-dat/step_000000.pt", "trajectories/hybrid-dat/step_002250.pt",
-                                  "trajectories/hybrid-joint/step_004500.pt"])
+_OLD_JOINT = {"kind": "joint", "switch": 0.0, "ramp_window": 0.0, "patience": 3, "min_delta": 0.002, "target": 0.999,
+              "min_switch": 0.1}
+SHIPPED_OLD = {
+    "hybrid-dat.pt": dict(_OLD_JOINT, kind="delayed", switch=2000),
+    "hybrid-joint.pt": dict(_OLD_JOINT, freeze_recurrent_after_switch=False, stopgrad_scope="all"),
+    "lstm.pt": _OLD_JOINT,
+    "transformer.pt": _OLD_JOINT,
+    "trajectories/hybrid-dat/step_000000.pt": dict(_OLD_JOINT, kind="delayed", switch=2000),
+    "trajectories/hybrid-dat/step_002250.pt": dict(_OLD_JOINT, kind="delayed", switch=2000),
+    "trajectories/hybrid-joint/step_004500.pt": dict(_OLD_JOINT, freeze_recurrent_after_switch=False,
+                                                     stopgrad_scope="all"),
+}
+"""The schedule records the shipped files held in format 1 (with the old kind strings), before they were rewritten
+once in format 2 (python -m probe.checkpoint upgrade)."""
+
+
+@pytest.mark.parametrize("path", SHIPPED_OLD)
 def test_shipped_checkpoints_load_with_their_old_schedule_unchanged(path):
+    """Each shipped file, rewritten in format 2, holds today's spelling of the schedule its old record meant: the
+    same gate, training and cut at every step, the same label and kind, the preset's config."""
+    raw = torch.load(ROOT / "checkpoints" / path, weights_only=True)
+    assert raw["format_version"] == 2 and "kind" not in raw["train_config"]["schedule"]
     ckpt = load_checkpoint(ROOT / "checkpoints" / path)
-    old = ckpt.train_config["schedule"]
-    assert "kind" in old, "these files were written with the old kind strings"
+    old = SHIPPED_OLD[path]
+    assert ckpt.schedule_config == _record(**old)
     cfg = TrainConfig.from_dict(ckpt.train_config)
     assert _new_behaviour(cfg.schedule, cfg.steps) == _old_behaviour(old, cfg.steps)
     assert ckpt.label == _legacy_label(old, ckpt.model_config.family)

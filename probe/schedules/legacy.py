@@ -1,11 +1,11 @@
-"""Every old spelling of a schedule, read here and nowhere else, so that an old checkpoint or sweep means what it
-meant when it was written.
+"""Every old spelling of a schedule, read here and nowhere else, so that an old record or sweep means what it meant
+when it was written.
 
-The ways in, each used in one place: ``read_schedule`` reads a recorded schedule of any age
-(``TrainConfig.from_dict``); ``schedule_settings`` gives a record's settings even where the record is incomplete, to
-name it (``Checkpoint.variant``); ``rewrite_overrides`` turns old ``--set schedule.*`` items into today's (the
-``--set`` grammar); and ``old_kind`` names a schedule in the old vocabulary of kinds that the ``schedule`` column of
-results has always used (``Checkpoint.schedule``).
+The ways in, each used in one place: ``upgrade_schedule`` turns a recorded schedule of any age into today's record,
+once (``probe.checkpoint`` calls it when it reads a file of an older format, and ``python -m probe.checkpoint upgrade``
+rewrites such a file with it); ``rewrite_overrides`` turns old ``--set schedule.*`` items into today's (the ``--set``
+grammar); and ``old_kind`` names a schedule in the old vocabulary of kinds that the ``schedule`` column of results has
+always used (``Checkpoint.schedule``).
 
 The old spellings:
 
@@ -71,7 +71,7 @@ def _point(value: Any, name: str) -> At | None:
     return At(fraction=float(value)) if 0 < value < 1 else At(step=int(value))
 
 
-def schedule_settings(record: Mapping[str, Any]) -> dict[str, Any]:
+def _settings(record: Mapping[str, Any]) -> dict[str, Any]:
     """A recorded schedule of any age as today's settings (those it gives), not yet checked as a whole: old kinds
     and scopes as the settings they meant, bare-number points as ``At``, an old switch of 0 as none."""
     d = dict(record)
@@ -99,10 +99,11 @@ def schedule_settings(record: Mapping[str, Any]) -> dict[str, Any]:
     return d
 
 
-def read_schedule(record: Mapping[str, Any]) -> ScheduleConfig:
-    """A schedule as a checkpoint recorded it, today (``ScheduleConfig.to_dict``) or before: old kinds and scopes,
-    bare-number points and settings that did nothing all mean what they meant."""
-    return ScheduleConfig.from_dict(without_unused(schedule_settings(record)))
+def upgrade_schedule(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A schedule as a record of any age spelt it, as today's record (``ScheduleConfig.to_dict``): old kinds and
+    scopes, bare-number points and settings that did nothing all mean what they meant. A record that was never a
+    schedule (an unknown kind, a variant that needs a switch and has none) is a ``ProbeError``."""
+    return ScheduleConfig.from_dict(without_unused(_settings(record))).to_dict()
 
 
 def rewrite_overrides(items: list[str]) -> list[str]:

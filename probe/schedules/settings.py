@@ -66,7 +66,8 @@ class ScheduleConfig:
     ``variant`` names a ``VARIANTS`` entry whose settings to take (``ScheduleConfig(variant="dat",
     switch=At(step=2000))``); with settings given as well it must be their name, as in a record. A setting that no
     other setting reads (a switch in ``joint``, a ramp window without the ramp gate, the adaptive thresholds of a
-    fixed switch) is refused: it would be recorded and do nothing. Old records are read by ``legacy.read_schedule``.
+    fixed switch) is refused: it would be recorded and do nothing. An old record is today's once
+    ``legacy.upgrade_schedule`` has converted it (a checkpoint of an older format is converted when it is loaded).
     """
 
     gate: str = "on"
@@ -168,12 +169,13 @@ class ScheduleConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ScheduleConfig:
-        """A schedule as ``to_dict`` writes it. A record of any age (a checkpoint's) is read by
-        ``TrainConfig.from_dict``, through ``legacy.read_schedule``."""
+        """A schedule as ``to_dict`` writes it, and no other spelling (``legacy.upgrade_schedule`` converts an old
+        record)."""
         unknown = sorted(set(d) - {f.name for f in dataclasses.fields(cls)} - {"variant"})
         if unknown:
-            raise ProbeError(f"schedule: unknown setting(s) {', '.join(unknown)} (an old record? read it with "
-                             f"TrainConfig.from_dict)")
+            raise ProbeError(f"schedule: unknown setting(s) {', '.join(unknown)} (an old record? a checkpoint of an "
+                             f"older format is converted by load_checkpoint; python -m probe.checkpoint upgrade FILE "
+                             f"rewrites it once)")
         return cls(**d)
 
     def at_steps(self, total_steps: int) -> ScheduleConfig:

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from probe.errors import ProbeError
-from probe.schedules import legacy
 from probe.schedules.settings import ScheduleConfig
 
 PRECISIONS = ("fp32", "bf16", "bf16+fp32-recurrence", "auto")
@@ -84,9 +83,10 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """A config as ``to_dict`` wrote it, or as an old checkpoint recorded it (``legacy.read_schedule``)."""
+        """A config as ``to_dict`` wrote it (a field it lacks takes its default). A checkpoint's record is in this
+        spelling once loaded: ``probe.checkpoint`` converts a file of an older format."""
         d = dict(d)
-        d["schedule"] = legacy.read_schedule(d.get("schedule") or {})
+        d["schedule"] = ScheduleConfig.from_dict(d.get("schedule") or {})
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - fields)
         if unknown:
