@@ -63,11 +63,6 @@ PRESETS.update({f"hybrid-4block-{s}": dict(PRESETS[f"hybrid-{s}"], model=dict(PR
                                                                               n_layers=4))
                 for s in ("joint", "dat")})
 
-# `hybrid-recipe`: the 4-block hybrid trained jointly, the name the study gave it after it held both subtasks on the
-# seeds it was chosen on (0-9, bf16). On fresh seeds and in fp32 it is being re-judged against 4-block DAT; the name
-# is kept so that committed grids still resolve, not as a claim that it is a recipe.
-PRESETS["hybrid-recipe"] = PRESETS["hybrid-4block-joint"]
-
 # The transformers library's hybrids (probe.external.HF_ARCHS: RecurrentGemma's RG-LRU beside local attention, Jamba's
 # Mamba then attention, Falcon-H1's Mamba-2 beside attention), built from a config and wrapped by probe.wrap_hf, at
 # the width, depth and training of the 2-block hybrid, jointly and with DAT: hf-recurrentgemma-joint,
