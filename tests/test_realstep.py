@@ -121,6 +121,11 @@ def test_the_matched_baseline_can_refute_a_claimed_raise():
         assert v.verdict.tolist() == ["raises"]
         row = [c for c in controls("x", info, v) if c["control"] == "realstep_vs_matched_random"][0]
         assert row["passed"] is passed and row["kind"] == "control"
+    # the baseline's words say which loss moved which way against the matched random step
+    for vs_z, words in ((5.0, "raises the state loss more than a matched random step"),
+                        (-5.0, "lowers the state loss more than a matched random step"),
+                        (0.5, "no difference from a matched random step detected on the state loss")):
+        assert verdicts(rows(vs_z)).baseline.tolist() == [words]
 
 
 # --- a run with the optimizer in its snapshots ----------------------------------------------------------------------

@@ -106,11 +106,12 @@ JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "
     rows vs_matched, vs_matched_se, vs_matched_z (dL minus the matched random's), loss_before, n_eval_sequences,
     moments ("adamw-state"), adam_step, lr, weight_decay, clip, update_norm (|u|), match, n_random, step_loss.
   analysis "real_step_verdict" (per checkpoint and window beyond L): verdict (raises | lowers | no effect detected |
-    no attention path: attention's part at its real size, |z| against 2), baseline (more | less harmful than
-    matched random | no difference from matched random detected), dL_att, z_att, vs_matched, vs_matched_z,
-    fraction_att, fraction_rec, fraction_momentum, fraction_decay, dL_train_att, z_train_att, moments; with
-    --rollout: rollout_steps, rollout_cut_minus_kept, rollout_z, rollout_outcome (cut lowers | cut raises the loss |
-    no difference detected), rollout_reproduced (null without the run's snapshot rollout_steps later).
+    no attention path: attention's part at its real size, |z| against 2), baseline (raises | lowers the state loss
+    more than a matched random step | no difference from a matched random step detected on the state loss; results
+    written before this wording say more | less harmful than matched random), dL_att, z_att, vs_matched,
+    vs_matched_z, fraction_att, fraction_rec, fraction_momentum, fraction_decay, dL_train_att, z_train_att, moments;
+    with --rollout: rollout_steps, rollout_cut_minus_kept, rollout_z, rollout_outcome (cut lowers | cut raises the
+    loss | no difference detected), rollout_reproduced (null without the run's snapshot rollout_steps later).
   analysis "real_step_rollout" (--rollout; per checkpoint and target): loss, positions, lo, hi, loss_kept, loss_cut
     (each target's loss after rollout_steps steps of the run from the snapshot, attention's gradient path into the
     recurrent weights kept or cut), cut_minus_kept, cut_minus_kept_se, cut_minus_kept_z, rollout_steps.

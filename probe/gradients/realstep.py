@@ -259,7 +259,8 @@ def measure_real_step(ckpt: Checkpoint, cfg: RealStepConfig | None = None, seed:
 def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
     """Per beyond-range window: what attention's part, taken at its real size, does to the state loss there
     (``raises`` / ``lowers`` / ``no effect detected``: |z| against 2; ``no attention path`` when the part is 0),
-    and against the matched random (``baseline``)."""
+    and against the matched random (``baseline``: which way attention's change of the state loss differs from the
+    matched random step's, |vs_matched_z| against 2, in the words of ``probe.gradients.beyond``'s baseline)."""
     out = []
     att = rows[rows.part == "att"]
     train = att[att.loss == "train"].iloc[0]
@@ -270,8 +271,9 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
             v = "raises" if r.z > Z_DETECT else "lowers" if r.z < -Z_DETECT else "no effect detected"
         zm = getattr(r, "vs_matched_z", math.nan)
         base = ("no attention path" if v == "no attention path" else "no matched baseline" if pd.isna(zm) else
-                "more harmful than matched random" if zm > Z_DETECT else
-                "less harmful than matched random" if zm < -Z_DETECT else "no difference from matched random detected")
+                "raises the state loss more than a matched random step" if zm > Z_DETECT else
+                "lowers the state loss more than a matched random step" if zm < -Z_DETECT else
+                "no difference from a matched random step detected on the state loss")
         out.append({"positions": r.positions, "verdict": v, "baseline": base, "dL_att": r.dL, "z_att": r.z,
                     "vs_matched": getattr(r, "vs_matched", math.nan), "vs_matched_z": zm,
                     "fraction_att": r.fraction_of_update, "dL_train_att": train.dL, "z_train_att": train.z})
