@@ -1,6 +1,6 @@
-"""What every CLI shares: argparse types, device choice, the JSON envelope, one ``--out`` layout, and exit code 2
-with one line on any user error. The analyses build their command lines from options dataclasses with
-``probe.runner``; ``probe.sweep`` and the trainer use the pieces here directly.
+"""What every CLI shares: argparse types, device choice, the JSON envelope, one ``--out`` layout, exit code 2 with
+one line on any user error, and exit code 130 with one line after SIGINT or SIGTERM (``run_command``). Every
+``python -m probe.NAME`` command is built from an options dataclass with ``probe.runner``, which runs it here.
 
 Shared flags: ``--lengths`` (one grammar: ``25,75``, ``1:100``, ``1:400:25``), ``--samples`` (sequences per
 length), ``--threads``, ``--out DIR`` (``DIR/results.json`` plus the figures), ``--json``, ``--device``, ``--seed``.
@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from probe.core import interrupts
 from probe.core.lengths import parse_lengths
 from probe.core.package import __version__
 from probe.core.specs import is_factory_spec
@@ -33,6 +34,8 @@ RESULTS = "results.json"
 """The file name of the JSON envelope inside every ``--out`` directory."""
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+"""After SIGINT or SIGTERM (128 + SIGINT, as a shell reports Ctrl-C)."""
 
 
 class Parser(argparse.ArgumentParser):
@@ -128,27 +131,20 @@ def threads_help(default: int) -> str:
             "(benchmarks/cli_defaults.py)")
 
 
-def add_threads(parser: argparse.ArgumentParser, default: int = DEFAULT_THREADS) -> None:
-    parser.add_argument("--threads", type=nonnegative_int, default=default, metavar="N", help=threads_help(default))
-
-
-def add_common_args(parser: argparse.ArgumentParser, json_flag: bool = True, out_help: str | None = None) -> None:
-    """``--json``, ``--out``, ``--device`` and ``--seed`` (the fields of ``probe.runner.Options``, for a command
-    that builds its parser by hand)."""
-    if json_flag:
-        parser.add_argument("--json", action="store_true", help=JSON_HELP)
-    parser.add_argument("--out", default=None, metavar="DIR", help=out_help or OUT_HELP)
-    parser.add_argument("--device", default="auto", help=DEVICE_HELP)
-    parser.add_argument("--seed", type=int, default=0, help=SEED_HELP)
-
-
-def seed_and_threads(args: argparse.Namespace) -> None:
+def seed_and_threads(args: object) -> None:
     """Seed torch with ``--seed`` and set ``--threads`` (0 keeps torch's default)."""
     import torch
 
-    torch.manual_seed(args.seed)
-    if getattr(args, "threads", 0) > 0:
-        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)  # type: ignore[attr-defined]
+    set_threads(getattr(args, "threads", 0))
+
+
+def set_threads(threads: int) -> None:
+    """``--threads``: torch's CPU threads (0 keeps torch's default)."""
+    import torch
+
+    if threads > 0:
+        torch.set_num_threads(threads)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -213,35 +209,55 @@ def envelope(command: str, checkpoints: list[str], results: list[dict[str, Any]]
             "results": tidy(results), "controls": tidy(controls or []), **extra}
 
 
-def say(args: argparse.Namespace, *text: Any) -> None:
-    """Human-readable output: stdout normally, nothing when --json asks for one JSON object."""
+def say(args: object, *text: Any) -> None:
+    """Human-readable output: stdout normally, nothing when --json asks for one JSON object (``args``: the parsed
+    command line or a command's options)."""
     if not getattr(args, "json", False):
         print(*text)
 
 
-def run_cli(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], dict[str, Any]],
-            argv: list[str] | None = None, emits_json: bool = True) -> int:
-    """Parse, check the paths and ``--out``, run ``body``, print its JSON envelope under --json; a ProbeError
-    becomes one line and exit code 2."""
+def parsed(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
+    """The parsed command line, or the exit code argparse ended with: 0 after ``--help``, 2 after a bad argument
+    (already said in one line)."""
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # --help (0) or a bad argument (2, already said in one line)
+        return parser.parse_args(argv)
+    except SystemExit as e:
         return int(e.code or 0)
+
+
+def run_command(args: Any, body: Callable[[Any], tuple[dict[str, Any], int]], argv: list[str] | None = None,
+                stopped: Callable[[Any, list[str], str, str], str] | None = None) -> int:
+    """Run a parsed command line (``args``: the namespace, or a command's options) as every command runs: check the
+    paths and ``--out``, call ``body(args) -> (envelope, exit code)``, print the envelope under ``--json``. A
+    ``ProbeError`` is one line and exit code 2. SIGINT and SIGTERM stop the run (a loop that knows a safe point
+    stops at it, ``probe.core.interrupts``) with one line, ``stopped(args, argv, kept, signal)`` (``kept``: what
+    the loop saved, if it said) or ``error: interrupted``, and exit code 130."""
     os.environ.setdefault("MPLBACKEND", "Agg")
-    try:
-        specs = getattr(args, "checkpoints", None)
-        check_paths(specs if isinstance(specs, list) else [])  # a positional list; figures' is one directory
-        check_out(getattr(args, "out", None))
-        result = body(args)
-    except ProbeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
-    if emits_json and getattr(args, "json", False):
+    with interrupts.handling():
+        try:
+            specs = getattr(args, "checkpoints", None)
+            check_paths(specs if isinstance(specs, list) else [])  # a positional list; figures' is one directory
+            check_out(getattr(args, "out", None))
+            result, code = body(args)
+        except ProbeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        except KeyboardInterrupt as e:
+            given = sys.argv[1:] if argv is None else list(argv)
+            signal = interrupts.requested() or "SIGINT"
+            print(stopped(args, given, str(e), signal) if stopped else "error: interrupted", file=sys.stderr)
+            return EXIT_INTERRUPTED
+    if getattr(args, "json", False):
         print(json.dumps(result))
-    return 0
+    return code
+
+
+def run_cli(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], dict[str, Any]],
+            argv: list[str] | None = None) -> int:
+    """A parser built by hand, run as every command runs (``run_command``); ``probe.runner.Command`` builds the
+    parser from an options dataclass instead, which every ``python -m probe.NAME`` command does."""
+    args = parsed(parser, argv)
+    return args if isinstance(args, int) else run_command(args, lambda a: (body(a), 0), argv)
 
 
 def write_outputs(out: str | os.PathLike, result: dict[str, Any], figures: dict[str, Any], dpi: int = 120) -> Path:

@@ -14,7 +14,6 @@ another CPU the check reports the largest weight difference and the snapshots ar
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import shutil
@@ -24,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from probe.cli import add_threads, envelope, make_parser, nonnegative_int, positive_int, run_cli, say
+from probe.cli import JSON_HELP, nonnegative_int, positive_int, say, set_threads
 from probe.errors import ProbeError
+from probe.runner import Command, CommandOptions, Report, option, threads_option
 
 FINAL, TRAJECTORY, SHIPPED_TRAJECTORIES = "final.pt", "trajectory", "trajectories"
 
@@ -113,54 +113,55 @@ def retrain(source: Source, steps: list[int] | None, work: str | Path, out: str 
                for p in checks)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = make_parser("python -m probe.retrain", (__doc__ or "").split("\n\n")[0],
-                    "Example: python -m probe.retrain runs/mechanism/joint/seed5 --steps $(seq 0 25 500) --until 500 "
-                    "--out runs/dense")
-    p.add_argument("sources", nargs="+", metavar="SOURCE", help="a run folder (final.pt, trajectory/) or a shipped "
-                                                                "NAME.pt with trajectories/NAME/ beside it")
-    p.add_argument("--out", required=True, metavar="DIR", help="where the snapshots go: DIR/NAME/step_XXXXXX.pt")
-    p.add_argument("--steps", nargs="+", type=nonnegative_int, default=None, metavar="S",
-                   help="snapshot steps to keep (default: the steps of the run's own snapshots)")
-    p.add_argument("--until", type=positive_int, default=None, metavar="STEP",
-                   help="train only the first STEP steps of each run, checked against its snapshots up to STEP")
-    p.add_argument("--work", default=None, metavar="DIR", help="where to train (default: a temporary directory)")
-    p.add_argument("--json", action="store_true", help="print exactly one JSON object on stdout")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr (shown by default, also "
-                                                              "with --json)")
-    add_threads(p, default=1)
-    return p
+@dataclass
+class RetrainOptions(CommandOptions):
+    """The command line of ``python -m probe.retrain``: the runs, where their snapshots go, which steps."""
+
+    sources: list[str] = option(help="a run folder (final.pt, trajectory/) or a shipped NAME.pt with "
+                                     "trajectories/NAME/ beside it", positional=True, nargs="+", metavar="SOURCE",
+                                default_factory=list)
+    out: str | None = option(None, "where the snapshots go: DIR/NAME/step_XXXXXX.pt", metavar="DIR", required=True)
+    steps: list[int] | None = option(None, "snapshot steps to keep (default: the steps of the run's own snapshots)",
+                                     nargs="+", type=nonnegative_int, metavar="S")
+    until: int | None = option(None, "train only the first STEP steps of each run, checked against its snapshots "
+                                     "up to STEP", type=positive_int, metavar="STEP")
+    work: str | None = option(None, "where to train (default: a temporary directory)", metavar="DIR")
+    json: bool = option(False, JSON_HELP)
+    threads: int = threads_option(order=8)
+
+    def prepare(self) -> None:
+        set_threads(self.threads)
+
+    def folders(self) -> dict[str, str | None]:
+        return {"--out": self.out, "--work": self.work}  # before minutes of training, not after them
 
 
-def main(argv: list[str] | None = None) -> int:
-    def body(args: argparse.Namespace) -> dict[str, Any]:
-        from probe.runner import check_writable
+def run(opts: RetrainOptions) -> Report:
+    """Retrain every source (each checked before any training) and say, per run, how its weights compare."""
+    sources = [Source.of(s) for s in opts.sources]
+    out = Path(opts.out)
+    work = Path(opts.work) if opts.work else Path(tempfile.mkdtemp(prefix="retrain-"))
+    against = "the original run's snapshots" if opts.until is not None else "the original final weights"
+    rows = []
+    try:
+        for source in sources:
+            diff = retrain(source, opts.steps, work, out, opts.until, progress=opts.progress)
+            n = len(list((out / source.name).glob("step_*.pt")))
+            verdict = f"bit-identical to {against}" if diff == 0 else (
+                f"differs from {against} by up to {diff:.3g} (another CPU or torch version)")
+            say(opts, f"{source.name}: {n} snapshots in {out / source.name}; retrained weights {verdict}")
+            rows.append({"source": str(source.checkpoint), "name": source.name, "snapshots": n,
+                         "until": opts.until, "max_weight_diff": diff, "identical": diff == 0})
+    finally:
+        if opts.work is None:
+            shutil.rmtree(work, ignore_errors=True)
+    return Report([str(s.checkpoint) for s in sources], rows)
 
-        check_writable(args.out)  # before minutes of training, not after them
-        check_writable(args.work, "--work")
-        import torch
 
-        sources = [Source.of(s) for s in args.sources]  # every source checked before any training
-        torch.set_num_threads(args.threads or torch.get_num_threads())
-        out = Path(args.out)
-        work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="retrain-"))
-        against = "the original run's snapshots" if args.until is not None else "the original final weights"
-        rows = []
-        try:
-            for source in sources:
-                diff = retrain(source, args.steps, work, out, args.until, progress=not args.no_progress)
-                n = len(list((out / source.name).glob("step_*.pt")))
-                verdict = f"bit-identical to {against}" if diff == 0 else (
-                    f"differs from {against} by up to {diff:.3g} (another CPU or torch version)")
-                say(args, f"{source.name}: {n} snapshots in {out / source.name}; retrained weights {verdict}")
-                rows.append({"source": str(source.checkpoint), "name": source.name, "snapshots": n,
-                             "until": args.until, "max_weight_diff": diff, "identical": diff == 0})
-        finally:
-            if args.work is None:
-                shutil.rmtree(work, ignore_errors=True)
-        return envelope("retrain", [str(s.checkpoint) for s in sources], rows)
-
-    return run_cli(build_parser(), body, argv)
+COMMAND = Command("retrain", RetrainOptions, run, (__doc__ or "").split("\n\n")[0],
+                  "Example: python -m probe.retrain runs/mechanism/joint/seed5 --steps $(seq 0 25 500) --until 500 "
+                  "--out runs/dense", results_file=False)
+main, build_parser = COMMAND.main, COMMAND.build_parser
 
 
 if __name__ == "__main__":

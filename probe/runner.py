@@ -1,8 +1,9 @@
-"""One runner for every analysis CLI: an options dataclass is the command line, an analysis returns a ``Report``.
+"""One runner for every ``python -m probe.NAME`` command: an options dataclass is the command line, a run returns a
+``Report``.
 
 A field of the options dataclass is a flag (``samples`` -> ``--samples``; a bool is a switch; its ``help``,
 ``type``, hidden old spellings and so on in the field's metadata, written with ``option``). ``Options`` holds the
-flags every command shares (``--threads``, ``--json``, ``--out``, ``--device``, ``--seed``) and
+flags every analysis shares (``--threads``, ``--json``, ``--out``, ``--device``, ``--seed``) and
 ``CheckpointOptions`` those of every analysis of checkpoints (the checkpoints, ``--lengths`` in one grammar,
 ``--samples``); a command subclasses one and adds its own fields. ``Command(name, options, run, ...)`` builds the
 parser, and its ``main`` parses, checks the paths and ``--out`` before any heavy import, seeds torch, calls
@@ -18,6 +19,13 @@ under ``--json``, unless ``--no-progress``::
 
     COMMAND = Command("sharpness", SharpnessOptions, run, DESCRIPTION, HELP_JSON)
     main, build_parser = COMMAND.main, COMMAND.build_parser
+
+The commands that are not analyses stand on the same runner: their options subclass ``CommandOptions`` (the one
+flag every command takes, ``--no-progress``) and name the flags they have (``probe.train``'s ``--out`` is a run
+folder, ``probe.sweep`` has no ``--threads``); a report may carry an exit code (a sweep whose run failed exits 1);
+``stopped`` writes the line that follows SIGINT or SIGTERM (what was kept, the command that resumes); and
+``CommandGroup`` holds commands under one name (``python -m probe.results collect``). Every command parses, refuses
+in one line with exit code 2, stops on SIGINT and SIGTERM with exit code 130 and prints its ``--json`` here.
 """
 
 from __future__ import annotations
@@ -43,8 +51,9 @@ from probe.cli import (
     lengths_arg,
     make_parser,
     nonnegative_int,
+    parsed,
     positive_int,
-    run_cli,
+    run_command,
     say,
     seed_and_threads,
     threads_help,
@@ -56,26 +65,28 @@ from probe.errors import ProbeError
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["CheckpointOptions", "Command", "Options", "Report", "check_writable", "lengths_option", "option",
-           "samples_option", "threads_option"]
+__all__ = ["CheckpointOptions", "Command", "CommandGroup", "CommandOptions", "Options", "Report", "check_writable",
+           "lengths_option", "option", "samples_option", "threads_option"]
 
-Opts = TypeVar("Opts", bound="Options")
+Opts = TypeVar("Opts", bound="CommandOptions")
 _MISSING: Any = dataclasses.MISSING
 
 
 def option(default: Any = _MISSING, help: str = "", *, type: Callable[[str], Any] | None = None,
            flag: str | None = None, aliases: Sequence[str] = (), metavar: str | None = None,
            choices: Sequence[Any] | None = None, nargs: str | int | None = None, action: str | None = None,
-           positional: bool = False, order: int = 0,
+           positional: bool = False, required: bool = False, order: int = 0,
            default_factory: Callable[[], Any] | None = None) -> Any:
     """A field of an options dataclass that is also a flag: ``--NAME`` (underscores as hyphens) unless ``flag``
     spells it; a field whose default is a bool is a switch (``store_true``); ``type`` parses the text (default: the
-    default's type); ``aliases`` are old spellings that still parse, hidden from ``--help``; ``help`` may say
-    ``%(default)s``. ``order`` places the flag in ``--help``: 0 in the order of the fields, > 0 after the
+    default's type, a string for a list); ``action="append"`` collects a repeated flag; ``aliases`` are old
+    spellings that still parse, hidden from ``--help``; ``help`` may say ``%(default)s``; ``required``: a flag the
+    command line must give. ``order`` places the flag in ``--help``: 0 in the order of the fields, > 0 after the
     command's own flags (the shared tail: --threads ... --seed), < 0 first. A list default is copied for each
     instance."""
     meta = {"help": help, "type": type, "flag": flag, "aliases": tuple(aliases), "metavar": metavar,
-            "choices": choices, "nargs": nargs, "action": action, "positional": positional, "order": order}
+            "choices": choices, "nargs": nargs, "action": action, "positional": positional, "required": required,
+            "order": order}
     if default_factory is None and isinstance(default, list):
         default_factory, default = (lambda d=tuple(default): list(d)), _MISSING
     if default_factory is not None:
@@ -94,23 +105,19 @@ def samples_option(default: int, what: str = "sequences per length", aliases: Se
     return option(default, f"{what} (default {default})", type=positive_int, metavar="N", aliases=aliases)
 
 
-def threads_option(default: int = DEFAULT_THREADS) -> Any:
+def threads_option(default: int = DEFAULT_THREADS, order: int = 1) -> Any:
     """``--threads`` (0 = torch's default; every command defaults to ``DEFAULT_THREADS``)."""
-    return option(default, threads_help(default), type=nonnegative_int, metavar="N", order=1)
+    return option(default, threads_help(default), type=nonnegative_int, metavar="N", order=order)
 
 
 NO_PROGRESS_HELP = "no progress bars or phase lines on stderr (shown by default, also with --json)"
 
 
 @dataclass
-class Options:
-    """The flags every command shares."""
+class CommandOptions:
+    """The flag every command takes (``--no-progress``); a command that is not an analysis subclasses this and
+    names the flags it has, so that none of them means nothing."""
 
-    threads: int = threads_option()
-    json: bool = option(False, JSON_HELP, order=3)
-    out: str | None = option(None, OUT_HELP, metavar="DIR", order=4)
-    device: str = option("auto", DEVICE_HELP, order=5)
-    seed: int = option(0, SEED_HELP, type=int, order=6)
     no_progress: bool = option(False, NO_PROGRESS_HELP, order=7)
 
     @property
@@ -118,6 +125,28 @@ class Options:
         """Whether to draw progress on stderr: yes, also under ``--json`` (stdout stays one object), unless
         ``--no-progress``."""
         return not self.no_progress
+
+    def prepare(self) -> None:
+        """What the options ask of this process before the run (nothing here; ``Options`` seeds torch and sets
+        its threads)."""
+
+    def folders(self) -> dict[str, str | None]:
+        """The folders the run writes, by the flag that names them: each is tried for writing before any work."""
+        return {"--out": getattr(self, "out", None)}
+
+
+@dataclass
+class Options(CommandOptions):
+    """The flags every analysis shares."""
+
+    threads: int = threads_option()
+    json: bool = option(False, JSON_HELP, order=3)
+    out: str | None = option(None, OUT_HELP, metavar="DIR", order=4)
+    device: str = option("auto", DEVICE_HELP, order=5)
+    seed: int = option(0, SEED_HELP, type=int, order=6)
+
+    def prepare(self) -> None:
+        seed_and_threads(self)
 
 
 @dataclass
@@ -167,7 +196,8 @@ class Report:
 
     ``figures`` is called only when ``--out`` asks for files (drawing costs time); ``extra`` adds keys to the
     envelope (``notes``, ``memory``); ``save`` writes further files into ``--out`` beside ``results.json`` and
-    the figures, and returns their names."""
+    the figures, and returns their names. ``command`` names the envelope's command where a mode of the command
+    names itself (``sweep --confirm``); ``exit_code`` is 1 where part of the work failed (a sweep's run)."""
 
     checkpoints: list[str]
     results: list[dict[str, Any]]
@@ -177,6 +207,15 @@ class Report:
     dpi: int = 120
     extra: dict[str, Any] = field(default_factory=dict)
     save: Callable[[Path, dict[str, Any]], list[str]] | None = None
+    command: str | None = None
+    exit_code: int = 0
+
+    @classmethod
+    def of_envelope(cls, result: dict[str, Any], exit_code: int = 0) -> Report:
+        """The report of an envelope built elsewhere (a sweep's aggregate, which writes it to its own files)."""
+        head = ("probe_version", "command", "checkpoints", "results", "controls")
+        return cls(result["checkpoints"], result["results"], result["controls"], command=result["command"],
+                   extra={k: v for k, v in result.items() if k not in head}, exit_code=exit_code)
 
 
 def _flag(f: dataclasses.Field) -> str:
@@ -189,13 +228,16 @@ def _argument(f: dataclasses.Field) -> tuple[list[str], dict[str, Any]]:
     default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
     kw: dict[str, Any] = {"help": m["help"]}
     if m["positional"]:
-        return [f.name], {**kw, "nargs": m["nargs"]}
+        return [f.name], {**kw, "nargs": m["nargs"], **({"metavar": m["metavar"]} if m["metavar"] else {})}
     kw["dest"] = f.name
     kw["default"] = default
+    if m["required"]:
+        kw["required"] = True
     if m["action"] or isinstance(default, bool):
         kw["action"] = m["action"] or "store_true"
-        return [_flag(f)], kw
-    kw["type"] = m["type"] or (type(default) if default is not None else None)
+        if kw["action"] != "append":
+            return [_flag(f)], kw
+    kw["type"] = m["type"] or (type(default) if default is not None and not isinstance(default, list) else None)
     for key in ("metavar", "choices", "nargs"):
         if m[key] is not None:
             kw[key] = m[key]
@@ -206,7 +248,10 @@ def _argument(f: dataclasses.Field) -> tuple[list[str], dict[str, Any]]:
 class Command(Generic[Opts]):
     """One ``python -m probe.NAME`` command: ``options`` (a dataclass of ``option`` fields) and ``run(options) ->
     Report``. ``description`` heads ``--help``; ``epilog`` documents the JSON columns. ``results_file``: whether
-    ``--out`` receives ``results.json`` (``probe.figures`` writes figures and their index only)."""
+    ``--out`` receives ``results.json`` (a run folder, a sweep's folder and a folder of snapshots are written by
+    the command itself). ``stopped(options, argv, kept, signal)`` is the one line after SIGINT or SIGTERM (``kept``:
+    what the stopped loop saved, if it said); without it, ``error: interrupted``. ``summary`` is the command's line
+    in its group's ``--help``."""
 
     name: str
     options: type[Opts]
@@ -214,6 +259,8 @@ class Command(Generic[Opts]):
     description: str
     epilog: str | None = None
     results_file: bool = True
+    stopped: Callable[[Opts, list[str], str, str], str] | None = None
+    summary: str | None = None
 
     @property
     def prog(self) -> str:
@@ -223,6 +270,11 @@ class Command(Generic[Opts]):
         """The parser: one argument per field, the command's own flags between the shared head (checkpoints,
         --lengths, --samples) and the shared tail (--threads ... --seed)."""
         parser = make_parser(self.prog, self.description, self.epilog)
+        self.add_arguments(parser)
+        return parser
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        """One argument per field of the options, in the order of their ``order``, then of the fields."""
         fields = [f for f in dataclasses.fields(self.options) if f.init]
         for f in sorted(fields, key=lambda f: f.metadata.get("order", 0)):
             if "help" not in f.metadata:
@@ -232,7 +284,6 @@ class Command(Generic[Opts]):
             for alias in f.metadata["aliases"]:  # a switch's old spelling is a switch too
                 same = {"action": kw["action"]} if "action" in kw else {"type": kw.get("type")}
                 parser.add_argument(alias, dest=f.name, help=argparse.SUPPRESS, **same)
-        return parser
 
     def parse(self, argv: list[str] | None = None) -> Opts:
         """The options of a command line (argparse's exit on a bad one: one line, code 2)."""
@@ -243,22 +294,57 @@ class Command(Generic[Opts]):
         return self.options(**{k: v for k, v in vars(args).items() if k in names})
 
     def main(self, argv: list[str] | None = None) -> int:
-        """Parse, check, run, print, write; 0 on success, 2 with one line on a user error."""
-        return run_cli(self.build_parser(), lambda args: self._body(self.from_namespace(args)), argv)
+        """Parse, check, run, print, write: 0 on success (or the report's exit code), 2 with one line on a user
+        error, 130 after SIGINT or SIGTERM (``probe.cli.run_command``)."""
+        args = parsed(self.build_parser(), argv)
+        return args if isinstance(args, int) else self.execute(args, argv)
 
-    def _body(self, opts: Opts) -> dict[str, Any]:
-        check_writable(opts.out)  # before torch is imported: an unwritable --out answers at once
-        seed_and_threads(opts)  # type: ignore[arg-type]
+    def execute(self, args: argparse.Namespace, argv: list[str] | None = None) -> int:
+        """Run a parsed command line."""
+        return run_command(self.from_namespace(args), self._body, argv, self.stopped)
+
+    def _body(self, opts: Opts) -> tuple[dict[str, Any], int]:
+        for flag, folder in opts.folders().items():
+            check_writable(folder, flag)  # before torch is imported: an unwritable --out answers at once
+        opts.prepare()
+        out = getattr(opts, "out", None)
         report = self.run(opts)
-        result = envelope(self.name, report.checkpoints, report.results, report.controls, **report.extra)
+        result = envelope(report.command or self.name, report.checkpoints, report.results, report.controls,
+                          **report.extra)
         if report.text:
-            say(opts, report.text)  # type: ignore[arg-type]
-        if opts.out and self.results_file:
+            say(opts, report.text)
+        if out and self.results_file:
             figures = report.figures() if report.figures else {}
             try:
-                write_outputs(opts.out, result, figures, dpi=report.dpi)
-                names = [RESULTS, *figures, *(report.save(Path(opts.out), result) if report.save else [])]
+                write_outputs(out, result, figures, dpi=report.dpi)
+                names = [RESULTS, *figures, *(report.save(Path(out), result) if report.save else [])]
             except OSError as e:  # writable when checked, not now (a full disk, a folder removed meanwhile)
-                raise ProbeError(f"--out {opts.out}: writing the results failed ({e.strerror or e})") from None
-            say(opts, f"wrote {', '.join(names)} to {opts.out}")  # type: ignore[arg-type]
-        return result
+                raise ProbeError(f"--out {out}: writing the results failed ({e.strerror or e})") from None
+            say(opts, f"wrote {', '.join(names)} to {out}")
+        return result, report.exit_code
+
+
+@dataclass(frozen=True)
+class CommandGroup:
+    """``python -m probe.NAME COMMAND ...``: commands under one name (``python -m probe.results collect``), each
+    a ``Command`` with its own options, run as the runner runs any command."""
+
+    name: str
+    description: str
+    commands: tuple[Command, ...]
+
+    def build_parser(self) -> Parser:
+        parser = make_parser(f"python -m probe.{self.name}", self.description)
+        sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+        for command in self.commands:
+            command.add_arguments(sub.add_parser(command.name, help=command.summary, description=command.description,
+                                                 epilog=command.epilog,
+                                                 formatter_class=argparse.RawDescriptionHelpFormatter))
+        return parser
+
+    def main(self, argv: list[str] | None = None) -> int:
+        """Parse, then run the command named: as ``Command.main``."""
+        args = parsed(self.build_parser(), argv)
+        if isinstance(args, int):
+            return args
+        return next(c for c in self.commands if c.name == args.command).execute(args, argv)

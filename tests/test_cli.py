@@ -26,7 +26,8 @@ CLIS = dict(ANALYSES)
 SHARED = ("--lengths", "--samples", "--threads", "--out", "--json", "--device", "--seed", "--no-progress")
 EVERY_CLI = {**CLIS, "transitions": "probe.transitions", "retrain": "probe.retrain", "train": "probe.training.cli",
              "sweep": "probe.sweep.cli", "results": "probe.results.__main__"}
-"""Every ``python -m probe.NAME`` command, the runner's and the hand-built ones."""
+"""Every ``python -m probe.NAME`` command (each built on probe.runner: tests/test_runner.py finds them from the
+files)."""
 OLD_SPELLINGS = {"gradients": ["--length", "--batch"], "attributions": ["--length", "--batch"],
                  "probes": ["--n-test"], "shortcuts": ["--sequences"]}
 SMALL = {  # tiny sizes: the layout is what is checked here, not the numbers
@@ -177,6 +178,15 @@ def test_an_unwritable_out_is_one_line_and_exit_2_and_leaves_nothing(name, ckpt,
     assert main([str(ckpt), "--out", "/proc/probe-test/out"]) == 2
     err = one_error_line(capsys.readouterr().err)
     assert "--out /proc/probe-test/out: cannot write there" in err
+
+
+@pytest.mark.parametrize(("name", "argv"), [("train", ["--preset", "lstm", "--steps", "2"]), ("retrain", ["{ckpt}"]),
+                                          ("sweep", ["--preset", "lstm", "--seeds", "0", "--steps", "2"])])
+def test_the_commands_that_train_refuse_an_unwritable_out_in_one_line_before_training(name, argv, ckpt, capsys):
+    # python -m probe.train --out /proc/x/y ended in a traceback from the run folder's lock before it was on the runner
+    main = importlib.import_module(EVERY_CLI[name]).main
+    assert main([a.format(ckpt=ckpt) for a in argv] + ["--out", "/proc/probe-test/out"]) == 2
+    assert "--out /proc/probe-test/out: cannot write there" in one_error_line(capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("name", ["sharpness", "gradients"])

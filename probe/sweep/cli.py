@@ -2,30 +2,21 @@
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import shlex
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probe.cli import (
-    envelope,
-    make_parser,
-    nonnegative_int,
-    positive_float,
-    positive_int,
-    resolve_device,
-    run_cli,
-    say,
-    tidy,
-)
-from probe.core import interrupts
+from probe.cli import envelope, nonnegative_int, positive_float, positive_int, resolve_device, say, tidy
 from probe.core.files import write_text_atomically
 from probe.core.lock import folder_lock
 from probe.errors import ProbeError
 from probe.results import has_run_folders, load_grid
 from probe.results.config import DEFAULT_LENGTHS, SweepConfig, config_from_presets, eval_lengths_for, load_config
+from probe.runner import Command, CommandOptions, Report, option
 from probe.sweep.aggregate import (
     FIGURE,
     RESULTS,
@@ -83,97 +74,99 @@ trained with its folder's seed), seeds_give_distinct_weights (no two seeds of a 
 weights). "missing" lists the runs without a finished evaluation."""
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = make_parser("python -m probe.sweep", USAGE, _HELP_JSON)
-    p.add_argument("target", nargs="?", help="a sweep config (.toml), or with --report a sweep's or a results/ "
-                                              "grid's directory")
-    p.add_argument("--preset", nargs="+", metavar="P", help="shorthand: one variant per preset, named after it")
-    p.add_argument("--seeds", nargs="+", type=int, metavar="S", help="seeds (replace the config's)")
-    p.add_argument("--steps", type=positive_int, help="training steps of every run (replaces the presets' and the "
-                                                      "config's)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override for every run, after the config's (as probe.train --set)")
-    p.add_argument("--task", default=None, help="task of the --preset shorthand (default interleaved)")
-    p.add_argument("--out", help="sweep directory: runs go to OUT/VARIANT/seedS/, results to OUT/")
-    p.add_argument("--executor", default="local", choices=["local", "ray"],
-                   help="local: a process pool on this machine (default); ray: Ray tasks (pip install -e \".[ray]\")")
-    p.add_argument("--jobs", type=positive_int, default=None,
-                   help=f"runs at a time: local workers, or the CPUs of a local Ray instance (default: the "
-                        f"cores, here {default_jobs()}); one thread per run")
-    p.add_argument("--address", help="Ray cluster to use (e.g. auto, or HEAD:6379); default: start a local one")
-    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto; every run trains there")
-    p.add_argument("--gpus-per-run", type=positive_float, default=1.0,
-                   help="Ray with --device cuda: GPUs each run reserves (0.25 packs four runs on a GPU; default 1)")
-    p.add_argument("--retries", type=nonnegative_int, default=3,
-                   help="reruns of a run whose worker died (default 3)")
-    p.add_argument("--eval-samples", type=positive_int, default=None,
-                   help="sequences per length of each run's final evaluation (default: the config's, else 256)")
-    p.add_argument("--eval-lengths", default=None, metavar="SPEC",
-                   help="lengths of the final evaluation: 16x (default: every length up to 4x L_train, then "
-                        "every L_train up to 16x), 4x (every length up to 4x), coarse, or a list such as "
-                        "1:100,125:400:25; or eval_lengths in the config")
-    p.add_argument("--eval-factors", action="store_true",
-                   help="the final evaluation also reports the state answers modulo each prime-power factor of the "
-                        "modulus (subtasks state_mod2, state_mod5; probe.evaluate --factors); or eval_factors = true")
-    p.add_argument("--quick", action="store_true",
-                   help=f"a smoke test's evaluation: {QUICK_SAMPLES} sequences at every (L_train/5)-th length up "
-                        "to 4x, unless --eval-samples/--eval-lengths say otherwise (the log says what it reduced)")
-    p.add_argument("--dry-run", action="store_true", help="print the runs, their state and commands; run nothing")
-    p.add_argument("--report", action="store_true",
-                   help="re-aggregate the runs of DIR without training: into DIR if it is a sweep's (run folders), "
-                        "else into --out")
-    p.add_argument("--in-place", action="store_true",
-                   help="with --report on a compact grid (no run folders, e.g. a committed one): rewrite its own "
-                        "results.json, results.md and figures instead of writing to --out")
-    p.add_argument("--compare", nargs="+", metavar="VARIANT", default=[],
-                   help="with the report: every variant against these baselines, or VARIANT:BASELINE pairs only "
-                        "(joint-fp32:joint-bf16), on state accuracy in --window (difference of means with its "
-                        "Welch interval, exact permutation p, Holm and BH over the table; rows with "
-                        "row=comparison), and a figure of every seed's value at 3x (seeds_3x.png)")
-    p.add_argument("--window", metavar="W", default=None,
-                   help="with --compare: the window of positions compared, e.g. '(8x, 16x]' (default (2x, 4x], "
-                        "the window that holds 3x L_train; a grid without windows compares at 3x)")
-    p.add_argument("--target", dest="target_spec", metavar="SPEC", default=None,
-                   help="with --compare: also count the seeds of each pair that meet a target and compare the "
-                        "rates (Fisher's exact test, Newcombe interval, Holm; rows with row=target_comparison): "
-                        "METRIC>=X,METRIC<X,... over runs.jsonl's columns, or recipe (both subtasks >= 99 %% in "
-                        "(2x, 4x] and >= 95 %% in (8x, 16x])")
-    p.add_argument("--confirm", metavar="CLAIMS.toml",
-                   help="pre-registered confirmation: train the fresh seeds of the claims file's sweep in --out "
-                        "(finished runs are reused), then judge every claim on them: confirmed / not confirmed / "
-                        "not testable / pending (rows with row=claim; DIR/claims.json and claims.md). Claims found "
-                        "on the seeds they would be confirmed on are refused")
-    p.add_argument("--no-train", action="store_true",
-                   help="with --confirm: judge the runs DIR already holds (run folders or a committed grid), train "
-                        "nothing")
-    p.add_argument("--no-figure", action="store_true", help="results.json and results.md only")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--json", action="store_true", help="print results.json's object on stdout (human text to stderr)")
-    return p
+@dataclass
+class SweepOptions(CommandOptions):
+    """The command line of ``python -m probe.sweep``; ``stage`` records, for the line after an interrupt, where it
+    landed (the report's folder, what the runs kept)."""
+
+    target: str | None = option(None, "a sweep config (.toml), or with --report a sweep's or a results/ grid's "
+                                      "directory", positional=True, nargs="?")
+    preset: list[str] | None = option(None, "shorthand: one variant per preset, named after it", nargs="+",
+                                      metavar="P")
+    seeds: list[int] | None = option(None, "seeds (replace the config's)", nargs="+", type=int, metavar="S")
+    steps: int | None = option(None, "training steps of every run (replaces the presets' and the config's)",
+                               type=positive_int)
+    overrides: list[str] = option([], "override for every run, after the config's (as probe.train --set)",
+                                  flag="--set", action="append", metavar="SECTION.FIELD=VALUE")
+    task: str | None = option(None, "task of the --preset shorthand (default interleaved)")
+    out: str | None = option(None, "sweep directory: runs go to OUT/VARIANT/seedS/, results to OUT/")
+    executor: str = option("local", "local: a process pool on this machine (default); ray: Ray tasks (pip install "
+                                    "-e \".[ray]\")", choices=["local", "ray"])
+    jobs: int | None = option(None, "runs at a time: local workers, or the CPUs of a local Ray instance (default: "
+                                    f"the cores, here {default_jobs()}); one thread per run", type=positive_int)
+    address: str | None = option(None, "Ray cluster to use (e.g. auto, or HEAD:6379); default: start a local one")
+    device: str = option("cpu", "cpu (default), cuda, cuda:N or auto; every run trains there")
+    gpus_per_run: float = option(1.0, "Ray with --device cuda: GPUs each run reserves (0.25 packs four runs on a "
+                                      "GPU; default 1)", type=positive_float)
+    retries: int = option(3, "reruns of a run whose worker died (default 3)", type=nonnegative_int)
+    eval_samples: int | None = option(None, "sequences per length of each run's final evaluation (default: the "
+                                            "config's, else 256)", type=positive_int)
+    eval_lengths: str | None = option(None, "lengths of the final evaluation: 16x (default: every length up to 4x "
+                                            "L_train, then every L_train up to 16x), 4x (every length up to 4x), "
+                                            "coarse, or a list such as 1:100,125:400:25; or eval_lengths in the "
+                                            "config", metavar="SPEC")
+    eval_factors: bool = option(False, "the final evaluation also reports the state answers modulo each "
+                                       "prime-power factor of the modulus (subtasks state_mod2, state_mod5; "
+                                       "probe.evaluate --factors); or eval_factors = true")
+    quick: bool = option(False, f"a smoke test's evaluation: {QUICK_SAMPLES} sequences at every (L_train/5)-th "
+                                "length up to 4x, unless --eval-samples/--eval-lengths say otherwise (the log says "
+                                "what it reduced)")
+    dry_run: bool = option(False, "print the runs, their state and commands; run nothing")
+    report: bool = option(False, "re-aggregate the runs of DIR without training: into DIR if it is a sweep's (run "
+                                 "folders), else into --out")
+    in_place: bool = option(False, "with --report on a compact grid (no run folders, e.g. a committed one): "
+                                   "rewrite its own results.json, results.md and figures instead of writing to --out")
+    compare: list[str] = option([], "with the report: every variant against these baselines, or VARIANT:BASELINE "
+                                    "pairs only (joint-fp32:joint-bf16), on state accuracy in --window (difference "
+                                    "of means with its Welch interval, exact permutation p, Holm and BH over the "
+                                    "table; rows with row=comparison), and a figure of every seed's value at 3x "
+                                    "(seeds_3x.png)", nargs="+", metavar="VARIANT")
+    window: str | None = option(None, "with --compare: the window of positions compared, e.g. '(8x, 16x]' (default "
+                                      "(2x, 4x], the window that holds 3x L_train; a grid without windows compares "
+                                      "at 3x)", metavar="W")
+    target_spec: str | None = option(None, "with --compare: also count the seeds of each pair that meet a target "
+                                           "and compare the rates (Fisher's exact test, Newcombe interval, Holm; "
+                                           "rows with row=target_comparison): METRIC>=X,METRIC<X,... over "
+                                           "runs.jsonl's columns, or recipe (both subtasks >= 99 %% in (2x, 4x] and "
+                                           ">= 95 %% in (8x, 16x])", flag="--target", metavar="SPEC")
+    confirm: str | None = option(None, "pre-registered confirmation: train the fresh seeds of the claims file's "
+                                       "sweep in --out (finished runs are reused), then judge every claim on them: "
+                                       "confirmed / not confirmed / not testable / pending (rows with row=claim; "
+                                       "DIR/claims.json and claims.md). Claims found on the seeds they would be "
+                                       "confirmed on are refused", metavar="CLAIMS.toml")
+    no_train: bool = option(False, "with --confirm: judge the runs DIR already holds (run folders or a committed "
+                                   "grid), train nothing")
+    no_figure: bool = option(False, "results.json and results.md only")
+    no_progress: bool = option(False, "no progress bar", order=7)
+    json: bool = option(False, "print results.json's object on stdout (human text to stderr)", order=8)
+    stage: dict[str, Any] = field(default_factory=dict, init=False)
+
+    def folders(self) -> dict[str, str | None]:
+        return {} if self.dry_run else {"--out": self.out}  # a dry run writes nothing: a read-only sweep can be listed
 
 
-def config_from_args(args: argparse.Namespace) -> SweepConfig:
-    if args.preset:
-        if args.target:
-            raise ProbeError(f"give a config ({args.target}) or --preset, not both")
-        if not args.seeds:
+def config_from_args(opts: SweepOptions) -> SweepConfig:
+    if opts.preset:
+        if opts.target:
+            raise ProbeError(f"give a config ({opts.target}) or --preset, not both")
+        if not opts.seeds:
             raise ProbeError("--preset needs --seeds S [S ...]")
-        cfg = config_from_presets(args.preset, args.seeds, args.task or "interleaved")
-        return cfg.with_command_line(None, args.steps, args.overrides)
-    if not args.target:
+        cfg = config_from_presets(opts.preset, opts.seeds, opts.task or "interleaved")
+        return cfg.with_command_line(None, opts.steps, opts.overrides)
+    if not opts.target:
         raise ProbeError("nothing to run: pass CONFIG.toml or --preset P ... --seeds S ... (see --help)")
-    if args.task:
+    if opts.task:
         raise ProbeError("--task is for the --preset shorthand; a config sets task = \"...\"")
-    return load_config(args.target).with_command_line(args.seeds, args.steps, args.overrides)
+    return load_config(opts.target).with_command_line(opts.seeds, opts.steps, opts.overrides)
 
 
-def eval_options(args: argparse.Namespace, cfg: SweepConfig) -> tuple[int, str | None, str | None]:
+def eval_options(opts: SweepOptions, cfg: SweepConfig) -> tuple[int, str | None, str | None]:
     """Samples and lengths of the final evaluation (command line, then config, then defaults), and what
     ``--quick`` reduced, in words (None without it)."""
-    samples = args.eval_samples or cfg.eval_samples
-    lengths = args.eval_lengths or cfg.eval_lengths
+    samples = opts.eval_samples or cfg.eval_samples
+    lengths = opts.eval_lengths or cfg.eval_lengths
     note = None
-    if args.quick:
+    if opts.quick:
         reduced = []
         if samples is None:
             samples = QUICK_SAMPLES
@@ -198,71 +191,73 @@ def validate_runs(cfg: SweepConfig) -> None:
             raise ProbeError(f"{run.key}: {e}") from None
 
 
-def _device(args: argparse.Namespace) -> str:
-    if args.executor == "ray" and args.address:
+def _device(opts: SweepOptions) -> str:
+    if opts.executor == "ray" and opts.address:
         # The cluster's nodes, not this driver, must have the device: only check that the name parses.
-        if args.device == "auto":
+        if opts.device == "auto":
             raise ProbeError("--device auto is decided on this machine; with --address name cpu or cuda")
         import torch
 
         try:
-            return str(torch.device(args.device))
+            return str(torch.device(opts.device))
         except RuntimeError:
-            raise ProbeError(f"bad --device {args.device!r}: use cpu, cuda, cuda:N or auto") from None
-    return str(resolve_device(args.device))
+            raise ProbeError(f"bad --device {opts.device!r}: use cpu, cuda, cuda:N or auto") from None
+    return str(resolve_device(opts.device))
 
 
-def report_folder(args: argparse.Namespace) -> tuple[Path, Path]:
+def report_folder(opts: SweepOptions) -> tuple[Path, Path]:
     """``--report``'s source and destination: a sweep's own folder (it has run folders) takes its report; a compact
     grid (committed results) is only read, and its report goes to ``--out``, unless ``--in-place`` asks for it."""
-    if not (args.target or args.out):
+    if not (opts.target or opts.out):
         raise ProbeError("--report needs the sweep directory: python -m probe.sweep DIR --report")
-    source = Path(args.target or args.out)
+    source = Path(opts.target or opts.out)
     if not source.is_dir():
         raise ProbeError(f"{source}: no such sweep directory")
-    if args.in_place:
-        if args.target and args.out and Path(args.out) != source:
-            raise ProbeError(f"--in-place writes the report into {source}; drop --out {args.out} or --in-place")
+    if opts.in_place:
+        if opts.target and opts.out and Path(opts.out) != source:
+            raise ProbeError(f"--in-place writes the report into {source}; drop --out {opts.out} or --in-place")
         return source, source
     compact = not (has_run_folders(source) or any(p.is_dir() for p in source.glob("*/seed*")))
-    if args.out:
-        if compact and Path(args.out).resolve() == source.resolve():
-            raise ProbeError(f"--out {args.out} is the compact grid being read: pass --in-place to rewrite its own "
+    if opts.out:
+        if compact and Path(opts.out).resolve() == source.resolve():
+            raise ProbeError(f"--out {opts.out} is the compact grid being read: pass --in-place to rewrite its own "
                              "files, or another --out")
-        return source, Path(args.out)
+        return source, Path(opts.out)
     if not compact or any(p.is_dir() for p in source.glob("*/seed*")):
         return source, source
     raise ProbeError(f"{source} is a compact grid (no run folders): --report writes its tables and figures to "
                      f"--out DIR; to rewrite {source}'s own files, pass --in-place")
 
 
-def _report(args: argparse.Namespace, source: Path, out: Path | None = None) -> dict[str, Any]:
+def grid_report(opts: SweepOptions, source: Path, out: Path | None = None) -> dict[str, Any]:
+    """Aggregate the runs of ``source``, compare them as ``--compare`` asks, write the report into ``out`` (default
+    ``source``) and print its tables (to stderr under ``--json``); returns the envelope of ``results.json``."""
     out = out or source
     report = aggregate(source)
     text = markdown_table(report)
-    if args.compare:
-        baselines, pairs = parse_compare(args.compare)
+    if opts.compare:
+        baselines, pairs = parse_compare(opts.compare)
         # the metric of record where the grid has it: the window of positions that holds 3x L_train, or --window
         windows = report.grid.windows if report.grid is not None else None
         has_windows = windows is not None and not windows.empty
-        window = args.window or ("(2x, 4x]" if has_windows and (windows.window == "(2x, 4x]").any() else None)
+        window = opts.window or ("(2x, 4x]" if has_windows and (windows.window == "(2x, 4x]").any() else None)
         comparison = compare(report.curves, baselines, windows=windows, window=window, pairs=pairs)
         report.result["results"] += tidy(comparison.to_dict("records"))
         text += "\n" + comparison_table(comparison)
-        if args.target_spec:
+        if opts.target_spec:
             runs = report.grid.runs
             by_target = compare_target(runs, expand_pairs(runs.variant, baselines, pairs),
-                                       parse_target(args.target_spec))
+                                       parse_target(opts.target_spec))
             report.result["results"] += tidy(by_target.to_dict("records"))
             text += "\n" + target_table(by_target)
     out.mkdir(parents=True, exist_ok=True)
-    paths = write_report(report, out, figure=not args.no_figure)
-    if args.compare:
+    paths = write_report(report, out, figure=not opts.no_figure)
+    if opts.compare:
         write_text_atomically(out / TABLE, text)
-        if not args.no_figure:
+        if not opts.no_figure:
             save_figure(plot_seed_dots(report.curves, report.summary), out / "seeds_3x.png")
             paths.append(out / "seeds_3x.png")
-    print(text, file=sys.stderr if args.json else sys.stdout)
+    print(text, file=sys.stderr if opts.json else sys.stdout)
     print(f"wrote {', '.join(str(p) for p in paths)}", file=sys.stderr)
     return report.result
 
@@ -278,125 +273,132 @@ def _print_outcome(outcome: SweepOutcome) -> None:
         print(f"  FAILED {r.key}: {r.error} (log: {r.log})", file=sys.stderr)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    failed = False
-
-    def body(args: argparse.Namespace) -> dict[str, Any]:
-        nonlocal failed
-        # the report's options are read before anything trains: a typo there must not wait for the whole grid
-        parse_compare(args.compare)
-        if args.target_spec:
-            parse_target(args.target_spec)
-        if (args.window or args.target_spec) and not args.compare:
-            raise ProbeError("--window and --target go with --compare (the pairs or baselines they compare)")
-        if args.confirm:
-            return _confirm(args)
-        if args.no_train:
-            raise ProbeError("--no-train goes with --confirm CLAIMS.toml")
-        if args.report:
-            source, out = report_folder(args)
-            stage["report"] = out
-            with folder_lock(out, "sweep --report"):
-                return _report(args, source, out)
-        if args.in_place:
-            raise ProbeError("--in-place goes with --report")
-        cfg = config_from_args(args)
-        samples, lengths, quick_note = eval_options(args, cfg)
-        factors = args.eval_factors or cfg.eval_factors
-        validate_runs(cfg)
-        if args.dry_run:
-            out = Path(args.out or "DIR")
-            lengths_arg = f" --lengths {lengths}" if lengths else ""
-            lengths_arg += " --factors" if factors else ""
-            for run, state in plan(cfg, out):
-                say(args, f"{run.key}  [{state}]  {run.out}")
-                if state != "finished":
-                    if state in ("new", "interrupted"):
-                        say(args, "  " + run.command(resume=state == "interrupted"))
-                    say(args, f"  {sys.executable} -m probe.evaluate {run.out / 'final.pt'} "
-                              f"--samples {samples}{lengths_arg} --json > {run.out / 'eval.json'}")
-            return {}
-        if not args.out:
-            raise ProbeError("--out DIR is required: runs go to DIR/VARIANT/seedS/")
-        device = _device(args)
-        is_cuda = device.startswith("cuda")
-        executor = make_executor(args.executor, args.jobs, args.address, args.retries,
-                                 args.gpus_per_run if is_cuda else 0.0)
-        if args.executor == "ray" and is_cuda:
-            device = "cuda"  # Ray gives each task its GPU(s) through CUDA_VISIBLE_DEVICES
-        if quick_note:
-            print(quick_note, file=sys.stderr)
-        opts = RunOptions(device=device, eval_samples=samples, eval_lengths=lengths, eval_factors=factors,
-                          note=quick_note)
-        # the sweep's lock is held through its report too: no second sweep starts on DIR in between
-        with folder_lock(args.out, "sweep"):
-            outcome = run_sweep(cfg, args.out, executor, opts, progress=not args.no_progress)
-            _print_outcome(outcome)
-            failed = bool(outcome.failed)
-            if all(not r.ok for r in outcome.results):
-                return {}
-            stage["report"] = Path(args.out)
-            stage["kept"] = kept(cfg, args.out)
-            return _report(args, Path(args.out))
-
-    def _confirm(args: argparse.Namespace) -> dict[str, Any]:
-        nonlocal failed
-
-        if args.target or args.preset:
-            raise ProbeError("--confirm takes its sweep from the claims file; drop the config or --preset")
-        if not args.out:
-            raise ProbeError("--confirm needs --out DIR: where the fresh seeds' runs are (or go)")
-        claims = load_claims(args.confirm)
-        out = Path(args.out)
-        if not args.no_train:
-            samples, lengths, quick_note = eval_options(args, claims.sweep)
-            validate_runs(claims.sweep)
-            executor = make_executor(args.executor, args.jobs, args.address, args.retries, 0.0)
-            opts = RunOptions(device=_device(args), eval_samples=samples, eval_lengths=lengths,
-                              eval_factors=claims.sweep.eval_factors, note=quick_note)
-            outcome = run_sweep(claims.sweep, out, executor, opts, progress=not args.no_progress)
-            _print_outcome(outcome)
-            failed = bool(outcome.failed)
-        if not out.is_dir():
-            raise ProbeError(f"{out}: no such directory of runs to judge the claims on")
-        rows = judge(claims, load_grid(out).runs)
-        text = claims_markdown(rows, f"{args.confirm} on {out}")
-        result = envelope("sweep --confirm", [], [{"row": "claim", **r} for r in tidy(rows)], [],
-                          claims=str(args.confirm))
-        (out / "claims.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
-        (out / "claims.md").write_text(text)
-        print(text, file=sys.stderr if args.json else sys.stdout)
-        return result
-
-    stage: dict[str, Any] = {}  # where an interrupt landed: the report's folder, what the runs kept
-    stopped: list[str] = []
-
-    def body_stoppable(args: argparse.Namespace) -> dict[str, Any]:
-        # SIGINT and SIGTERM, to this process alone or to its whole group: every run stops at its next step with
-        # last.pt written (probe.sweep.executors), and one line says what was kept and how to resume
-        with interrupts.handling():
-            try:
-                return body(args)
-            except KeyboardInterrupt as e:
-                command = "python -m probe.sweep " + shlex.join(sys.argv[1:] if argv is None else argv)
-                signal = interrupts.requested() or "SIGINT"
-                if "report" in stage:
-                    runs = f" ({stage['kept']})" if "kept" in stage else ""
-                    line = f"while writing the report into {stage['report']}{runs}, whose files are never torn; " \
-                           f"run again: {command}"
-                elif str(e):  # from run_sweep: what every run keeps
-                    line = f"{e}; resume with: {command}"
-                else:
-                    line = f"stopped; run again: {command}"
-                stopped.append(f"interrupted ({signal}): {line}")
-                return {}
-
-    rc = run_cli(parser, body_stoppable, argv)
-    if stopped:
-        print(stopped[0], file=sys.stderr)
-        return 130
-    return rc or int(failed)
+# --- the command: one function per mode -----------------------------------------------------------------------------
+def run(opts: SweepOptions) -> Report:
+    """Check the report's options, then run the mode asked for: confirm claims, report a folder, or train a grid
+    (or only list its runs) and report it."""
+    check_report_options(opts)
+    if opts.confirm:
+        return confirm(opts)
+    if opts.no_train:
+        raise ProbeError("--no-train goes with --confirm CLAIMS.toml")
+    if opts.report:
+        return report_only(opts)
+    if opts.in_place:
+        raise ProbeError("--in-place goes with --report")
+    cfg = config_from_args(opts)
+    samples, lengths, quick_note = eval_options(opts, cfg)
+    factors = opts.eval_factors or cfg.eval_factors
+    validate_runs(cfg)
+    if opts.dry_run:
+        dry_run(opts, cfg, samples, lengths, factors)
+        return Report([], [])
+    if not opts.out:
+        raise ProbeError("--out DIR is required: runs go to DIR/VARIANT/seedS/")
+    return train_and_report(opts, cfg, Path(opts.out), RunOptions(eval_samples=samples, eval_lengths=lengths,
+                                                                  eval_factors=factors, note=quick_note))
 
 
-__all__ = ["main", "build_parser", "RESULTS", "TABLE", "FIGURE"]
+def check_report_options(opts: SweepOptions) -> None:
+    """The report's options, read before anything trains: a typo there must not wait for the whole grid."""
+    parse_compare(opts.compare)
+    if opts.target_spec:
+        parse_target(opts.target_spec)
+    if (opts.window or opts.target_spec) and not opts.compare:
+        raise ProbeError("--window and --target go with --compare (the pairs or baselines they compare)")
+
+
+def report_only(opts: SweepOptions) -> Report:
+    """``--report``: aggregate the runs already there, train nothing."""
+    source, out = report_folder(opts)
+    opts.stage["report"] = out
+    with folder_lock(out, "sweep --report"):
+        return Report.of_envelope(grid_report(opts, source, out))
+
+
+def dry_run(opts: SweepOptions, cfg: SweepConfig, samples: int, lengths: str | None, factors: bool) -> None:
+    """``--dry-run``: every run, its state, and the commands that would train and evaluate it."""
+    out = Path(opts.out or "DIR")
+    lengths_arg = f" --lengths {lengths}" if lengths else ""
+    lengths_arg += " --factors" if factors else ""
+    for run, state in plan(cfg, out):
+        say(opts, f"{run.key}  [{state}]  {run.out}")
+        if state != "finished":
+            if state in ("new", "interrupted"):
+                say(opts, "  " + run.command(resume=state == "interrupted"))
+            say(opts, f"  {sys.executable} -m probe.evaluate {run.out / 'final.pt'} "
+                      f"--samples {samples}{lengths_arg} --json > {run.out / 'eval.json'}")
+
+
+def train_and_report(opts: SweepOptions, cfg: SweepConfig, out: Path, evaluation: RunOptions) -> Report:
+    """Train and evaluate every unfinished run of ``cfg`` in ``out`` on the executor (``evaluation``: how each run
+    is evaluated; the device is ``--device``'s), then report the grid; exit code 1 if a run failed."""
+    device = _device(opts)
+    is_cuda = device.startswith("cuda")
+    executor = make_executor(opts.executor, opts.jobs, opts.address, opts.retries,
+                             opts.gpus_per_run if is_cuda else 0.0)
+    if opts.executor == "ray" and is_cuda:
+        device = "cuda"  # Ray gives each task its GPU(s) through CUDA_VISIBLE_DEVICES
+    if evaluation.note:
+        print(evaluation.note, file=sys.stderr)
+    # the sweep's lock is held through its report too: no second sweep starts on DIR in between
+    with folder_lock(out, "sweep"):
+        outcome = run_sweep(cfg, out, executor, dataclasses.replace(evaluation, device=device),
+                            progress=opts.progress)
+        _print_outcome(outcome)
+        failed = int(bool(outcome.failed))
+        if all(not r.ok for r in outcome.results):
+            return Report([], [], exit_code=failed)
+        opts.stage.update(report=out, kept=kept(cfg, out))
+        return Report.of_envelope(grid_report(opts, out), exit_code=failed)
+
+
+def confirm(opts: SweepOptions) -> Report:
+    """``--confirm CLAIMS.toml``: train the claims file's fresh seeds (unless ``--no-train``), then judge every
+    claim on the runs in ``--out``; exit code 1 if a run failed."""
+    if opts.target or opts.preset:
+        raise ProbeError("--confirm takes its sweep from the claims file; drop the config or --preset")
+    if not opts.out:
+        raise ProbeError("--confirm needs --out DIR: where the fresh seeds' runs are (or go)")
+    claims = load_claims(opts.confirm)
+    out = Path(opts.out)
+    failed = 0
+    if not opts.no_train:
+        samples, lengths, quick_note = eval_options(opts, claims.sweep)
+        validate_runs(claims.sweep)
+        executor = make_executor(opts.executor, opts.jobs, opts.address, opts.retries, 0.0)
+        evaluation = RunOptions(device=_device(opts), eval_samples=samples, eval_lengths=lengths,
+                                eval_factors=claims.sweep.eval_factors, note=quick_note)
+        outcome = run_sweep(claims.sweep, out, executor, evaluation, progress=opts.progress)
+        _print_outcome(outcome)
+        failed = int(bool(outcome.failed))
+    if not out.is_dir():
+        raise ProbeError(f"{out}: no such directory of runs to judge the claims on")
+    rows = judge(claims, load_grid(out).runs)
+    text = claims_markdown(rows, f"{opts.confirm} on {out}")
+    result = envelope("sweep --confirm", [], [{"row": "claim", **r} for r in tidy(rows)], [], claims=str(opts.confirm))
+    (out / "claims.json").write_text(json.dumps(result, separators=(",", ":")) + "\n")
+    (out / "claims.md").write_text(text)
+    print(text, file=sys.stderr if opts.json else sys.stdout)
+    return Report.of_envelope(result, exit_code=failed)
+
+
+def stop_line(opts: SweepOptions, argv: list[str], kept: str, signal: str) -> str:
+    """The line after SIGINT or SIGTERM (to this process alone or to its whole group, when every run stops at its
+    next step with last.pt written, ``probe.sweep.executors``): what was kept, and the command that resumes."""
+    command = "python -m probe.sweep " + shlex.join(argv)
+    if "report" in opts.stage:
+        runs = f" ({opts.stage['kept']})" if "kept" in opts.stage else ""
+        line = f"while writing the report into {opts.stage['report']}{runs}, whose files are never torn; " \
+               f"run again: {command}"
+    elif kept:  # from run_sweep: what every run keeps
+        line = f"{kept}; resume with: {command}"
+    else:
+        line = f"stopped; run again: {command}"
+    return f"interrupted ({signal}): {line}"
+
+
+COMMAND = Command("sweep", SweepOptions, run, USAGE, _HELP_JSON, results_file=False, stopped=stop_line)
+main, build_parser = COMMAND.main, COMMAND.build_parser
+
+__all__ = ["COMMAND", "main", "build_parser", "RESULTS", "TABLE", "FIGURE"]

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
-import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from probe.checkpoint import Checkpoint, load_checkpoint
-from probe.cli import add_common_args, make_parser, resolve_device, run_cli
-from probe.core import interrupts
+from probe.cli import DEVICE_HELP, SEED_HELP, resolve_device
 from probe.errors import ProbeError
 from probe.external import FactoryModelConfig
+from probe.runner import Command, CommandOptions, Report, option
 from probe.tasks import TaskConfig
 from probe.training.config import TrainConfig
 from probe.training.overrides import build_configs, override_configs
@@ -37,89 +35,79 @@ A point in the run (schedule.switch, ramp_window, cut_until, min_switch): an int
 or a number with a decimal point a fraction of the run (50%, 0.5; 1.0 is the whole run)."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = make_parser("python -m probe.train", __doc__ or "", EPILOG)
-    parser.add_argument("--preset", default=None, help=f"one of {', '.join(PRESETS)} (default hybrid-dat)")
-    parser.add_argument("--model", default=None, metavar="PACKAGE.MODULE:FACTORY",
-                        help="train your own wrapped model: a callable returning (probe.wrap(...), task); the "
-                             "checkpoint records the spec, and reading it calls the factory again")
-    parser.add_argument("--task", default=None, help="modsum, recall, interleaved (default) or coupled")
-    parser.add_argument("--steps", type=int, help="override the preset's number of steps")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                        help="override a config field, e.g. --set model.d_model=64 --set schedule.switch=40%% "
-                             "--set schedule.variant=stopgrad-rnn --set train.precision=auto")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the run in --out from its last.pt, with the configs recorded there (flags "
-                             "given as well must agree with them)")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_common_args(parser, json_flag=False, out_help="run directory (default runs/run)")
-    parser.set_defaults(out="runs/run", seed=None)
+@dataclass
+class TrainOptions(CommandOptions):
+    """The command line of ``python -m probe.train``: the run's configs come from a preset and ``--set``; its
+    threads and precision are training settings (``train.threads``, ``train.precision``), so there is no
+    ``--threads`` here."""
 
-    def run(args: argparse.Namespace) -> dict[str, Any]:
-        check_out(args.out)
-        device = resolve_device(args.device)
-        if args.resume:
-            return _resume(args, device)
-        model_cfg, task_cfg, train_cfg = build_configs(
-            args.preset or "hybrid-dat", args.task or "interleaved", args.overrides, steps=args.steps,
-            seed=0 if args.seed is None else args.seed)
-        if args.model:
-            model_cfg, task_cfg = _factory_model(args)
-        final = train(model_cfg, task_cfg, train_cfg, args.out, device, progress=not args.no_progress)
-        print(json.dumps({"out": str(args.out), **final.metrics}), file=sys.stdout)
-        return {}
-
-    def _resume(args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-        last = Path(args.out) / "last.pt"
-        if not last.exists():
-            raise ProbeError(f"--resume: {last} does not exist; drop --resume to start a fresh run")
-        ckpt = load_checkpoint(last)
-        model_cfg, task_cfg = ckpt.model_config, ckpt.task_config
-        train_cfg = TrainConfig.from_dict(ckpt.train_config)
-        given = [f"train.steps={args.steps}"] if args.steps is not None else []
-        given += [f"train.seed={args.seed}"] if args.seed is not None else []
-        items = given + args.overrides
-        # flags given with --resume must agree with what last.pt recorded; they are applied together, as a run's
-        # overrides are, since an old spelling may need its neighbour (schedule.kind, then stopgrad_scope)
-        diff = config_diff(ckpt, *override_configs(model_cfg, task_cfg, train_cfg, items)) if items else None
-        if diff:
-            field = diff.split(" is ")[0]
-            culprit = next((i for i in items if i.startswith(field + "=") or i.startswith(field + "_")),
-                           " --set ".join(items))
-            raise ProbeError(f"{last}: cannot resume with --set {culprit}: {diff.split(' but ')[0]}")
-        if args.task and args.task != task_cfg.name:
-            raise ProbeError(f"{last}: cannot resume with --task {args.task}: the run's task is {task_cfg.name}")
-        if args.preset and args.preset != _preset_of(ckpt):
-            raise ProbeError(f"{last}: cannot resume with --preset {args.preset}: the run is {_preset_of(ckpt)}")
-        final = train(model_cfg, task_cfg, train_cfg, args.out, device, resume=True, progress=not args.no_progress)
-        print(json.dumps({"out": str(args.out), **final.metrics}), file=sys.stdout)
-        return {}
-
-    stopped: list[str] = []
-
-    def run_stoppable(args: argparse.Namespace) -> dict[str, Any]:
-        # SIGINT and SIGTERM stop training between two steps with last.pt written (Trainer.run); a second one
-        # stops at once (last.pt is then the one written before, never a torn file)
-        with interrupts.handling():
-            try:
-                return run(args)
-            except KeyboardInterrupt as e:
-                stopped.append(stop_line(args, sys.argv[1:] if argv is None else argv, str(e),
-                                         interrupts.requested() or "SIGINT"))
-                return {}
-
-    rc = run_cli(parser, run_stoppable, argv, emits_json=False)
-    if stopped:
-        print(stopped[0], file=sys.stderr)
-        return 130
-    return rc
+    preset: str | None = option(None, f"one of {', '.join(PRESETS)} (default hybrid-dat)")
+    model: str | None = option(None, "train your own wrapped model: a callable returning (probe.wrap(...), task); "
+                                     "the checkpoint records the spec, and reading it calls the factory again",
+                               metavar="PACKAGE.MODULE:FACTORY")
+    task: str | None = option(None, "modsum, recall, interleaved (default) or coupled")
+    steps: int | None = option(None, "override the preset's number of steps", type=int)
+    overrides: list[str] = option([], "override a config field, e.g. --set model.d_model=64 --set "
+                                      "schedule.switch=40%% --set schedule.variant=stopgrad-rnn --set "
+                                      "train.precision=auto", flag="--set", action="append",
+                                  metavar="SECTION.FIELD=VALUE")
+    resume: bool = option(False, "continue the run in --out from its last.pt, with the configs recorded there "
+                                 "(flags given as well must agree with them)")
+    no_progress: bool = option(False, "no progress bar", order=7)
+    out: str = option("runs/run", "run directory (default runs/run)", metavar="DIR", order=8)
+    device: str = option("auto", DEVICE_HELP, order=8)
+    seed: int | None = option(None, SEED_HELP, type=int, order=8)
 
 
-def stop_line(args: argparse.Namespace, argv: list[str], kept: str, signal: str) -> str:
+def run(opts: TrainOptions) -> Report:
+    """Train (or ``--resume``) the run in ``--out``; the report's text is one JSON line: the run's folder and its
+    final metrics."""
+    check_out(opts.out)
+    device = resolve_device(opts.device)
+    final = _resume(opts, device) if opts.resume else _start(opts, device)
+    row = {"out": str(opts.out), **final.metrics}
+    return Report([str(Path(opts.out) / "final.pt")], [row], text=json.dumps(row))
+
+
+def _start(opts: TrainOptions, device: torch.device) -> Checkpoint:
+    model_cfg, task_cfg, train_cfg = build_configs(
+        opts.preset or "hybrid-dat", opts.task or "interleaved", opts.overrides, steps=opts.steps,
+        seed=0 if opts.seed is None else opts.seed)
+    if opts.model:
+        model_cfg, task_cfg = _factory_model(opts)
+    return train(model_cfg, task_cfg, train_cfg, opts.out, device, progress=opts.progress)
+
+
+def _resume(opts: TrainOptions, device: torch.device) -> Checkpoint:
+    last = Path(opts.out) / "last.pt"
+    if not last.exists():
+        raise ProbeError(f"--resume: {last} does not exist; drop --resume to start a fresh run")
+    ckpt = load_checkpoint(last)
+    model_cfg, task_cfg = ckpt.model_config, ckpt.task_config
+    train_cfg = TrainConfig.from_dict(ckpt.train_config)
+    given = [f"train.steps={opts.steps}"] if opts.steps is not None else []
+    given += [f"train.seed={opts.seed}"] if opts.seed is not None else []
+    items = given + opts.overrides
+    # flags given with --resume must agree with what last.pt recorded; they are applied together, as a run's
+    # overrides are, since an old spelling may need its neighbour (schedule.kind, then stopgrad_scope)
+    diff = config_diff(ckpt, *override_configs(model_cfg, task_cfg, train_cfg, items)) if items else None
+    if diff:
+        field = diff.split(" is ")[0]
+        culprit = next((i for i in items if i.startswith(field + "=") or i.startswith(field + "_")),
+                       " --set ".join(items))
+        raise ProbeError(f"{last}: cannot resume with --set {culprit}: {diff.split(' but ')[0]}")
+    if opts.task and opts.task != task_cfg.name:
+        raise ProbeError(f"{last}: cannot resume with --task {opts.task}: the run's task is {task_cfg.name}")
+    if opts.preset and opts.preset != _preset_of(ckpt):
+        raise ProbeError(f"{last}: cannot resume with --preset {opts.preset}: the run is {_preset_of(ckpt)}")
+    return train(model_cfg, task_cfg, train_cfg, opts.out, device, resume=True, progress=opts.progress)
+
+
+def stop_line(opts: TrainOptions, argv: list[str], kept: str, signal: str) -> str:
     """One line after an interrupt: what the run folder keeps, and the command that continues from it."""
-    out = Path(args.out)
+    out = Path(opts.out)
     last, final = out / "last.pt", out / "final.pt"
-    device = f" --device {shlex.quote(args.device)}" if args.device != "auto" else ""
+    device = f" --device {shlex.quote(opts.device)}" if opts.device != "auto" else ""
     resume = f"resume with: python -m probe.train --resume --out {shlex.quote(str(out))}{device}"
     if final.exists():
         return f"interrupted ({signal}) as the run ended: {final} is written"
@@ -135,14 +123,14 @@ def stop_line(args: argparse.Namespace, argv: list[str], kept: str, signal: str)
            f"{shlex.join(argv)}"
 
 
-def _factory_model(args: argparse.Namespace) -> tuple[FactoryModelConfig, TaskConfig]:
+def _factory_model(opts: TrainOptions) -> tuple[FactoryModelConfig, TaskConfig]:
     """``--model package.module:factory``: the factory's model and task replace the preset's."""
-    given = [o for o in args.overrides if o.startswith(("model.", "task."))]
-    if given or args.task:
-        raise ProbeError(f"--model {args.model}: the factory makes the model and names its task; drop "
-                         f"{'--task' if args.task else '--set ' + given[0]} (change them in the factory)")
+    given = [o for o in opts.overrides if o.startswith(("model.", "task."))]
+    if given or opts.task:
+        raise ProbeError(f"--model {opts.model}: the factory makes the model and names its task; drop "
+                         f"{'--task' if opts.task else '--set ' + given[0]} (change them in the factory)")
     try:
-        return FactoryModelConfig.of(args.model)
+        return FactoryModelConfig.of(opts.model)
     except ProbeError as e:
         raise ProbeError(f"--model {e}") from None
 
@@ -161,3 +149,7 @@ def _preset_of(ckpt: Checkpoint) -> str:
     rnn = getattr(cfg, "rnn", "lstm")
     cell = f"ssm-{cfg.ssm_range}" if rnn == "ssm" else rnn
     return "hybrid-joint" if rnn == "lstm" else f"hybrid-{cell}-joint"
+
+
+COMMAND = Command("train", TrainOptions, run, __doc__ or "", EPILOG, results_file=False, stopped=stop_line)
+main, build_parser = COMMAND.main, COMMAND.build_parser
