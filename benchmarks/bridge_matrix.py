@@ -77,7 +77,7 @@ def _cells(task: Any) -> dict[str, Callable[[BridgedModel], Any]]:
     from probe.gradients import interference
     from probe.gradients.inputs import LookaheadConfig
     from probe.gradients.lookahead import measure_lookahead
-    from probe.probes import probe_model
+    from probe.probes import interchange_intervention, probe_model
     from probe.probes.outputs import output_interchange
     from probe.sharpness.measure import sharpness_curve
     from probe.shortcuts.knockout import attention_knockout
@@ -92,6 +92,9 @@ def _cells(task: Any) -> dict[str, Callable[[BridgedModel], Any]]:
         "probes": lambda m: probe_model(m, task, lengths=[L], n_train=8, n_train_beyond=4, n_test=4,
                                         patching=False),
         "interchange": lambda m: output_interchange(m, task, [L], n=4),
+        "state probes": lambda m: probe_model(m, task, lengths=[L], hooks=m.state_sites(), n_train=8,
+                                              n_train_beyond=4, n_test=4, patching=False),
+        "state interchange": lambda m: (m.state_sites(edit=True), interchange_intervention(m, task, [L], n=4))[1],
         "occlusion": lambda m: resample_occlusion(m, batch, task),
         "shortcuts": lambda m: attention_knockout(m, task, lengths=[L], n_sequences=4),
         "sharpness": lambda m: sharpness_curve(m, task, [L], n_samples=4),

@@ -7,13 +7,17 @@
 >>> model = probe.bridge.wrap(tl, task)  # what probe's analyses take, on the bridge's own hook names
 >>> model.recurrent_names, model.attention_names
 (['blocks.0.mixer', 'blocks.1.mixer'], [])
+>>> model.state_sites()  # each Mamba-2 scan's state after every position, [batch, pos, features]
+['blocks.0.mixer.scan.hook_state', 'blocks.1.mixer.scan.hook_state']
 
 ``boot`` builds a small transformers model of a named architecture from a config (random weights, vocabulary = the
 task's), saves a ``tokenizers`` WordLevel tokenizer over that vocabulary to a temporary folder and returns
 ``TransformerBridge.boot_transformers(folder, hf_model=model, tokenizer=...)``: nothing is downloaded. ``wrap`` gives
 the bridge the interface of a ``probe.wrap``-ped model (``BridgedModel``): its attention components
 (``blocks.{i}.attn``), its recurrent mixers (``blocks.{i}.mixer``, ``blocks.{i}.linear_attn``, ...) and each block's
-output as the residual stream, with a gate on each attention output so DAT trains it. ``ARCHS`` lists the
+output as the residual stream, with a gate on each attention output so DAT trains it, and each recurrent state per
+position (``BridgedModel.state_sites``; ``ScanState``: a Mamba / Mamba-2 scan's, read and set causally, a gated
+DeltaNet's, read) for the probes and the state interchange. ``ARCHS`` lists the
 architectures ``boot`` builds; the table in ``docs/bridge.md`` says which analysis runs on which.
 ``BridgeModelConfig`` is one of them as a model config, what probe's trainer builds (the ``bridge-*`` presets) and a
 checkpoint records (the whole transformers config, so it rebuilds offline).
@@ -24,9 +28,9 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +41,7 @@ from probe.core.gates import attribute_set
 from probe.errors import ProbeError
 from probe.external import WrappedSizes
 from probe.models.hooked import Sublayer
+from probe.models.recurrent import listened
 from probe.wrapped import HookedRNN, WrappedConfig, WrappedModel
 
 # --- tiny configs, one per architecture -----------------------------------------------------------------------------
@@ -336,6 +341,12 @@ class _Gate(nn.Module):
         return output.detach() if self.stopgrad else output
 
 
+STATE_WIDTH = 4096
+"""The most features per position a scan's state site shows as they are; a larger state (channels x state size,
+heads x head width x state size) is shown through a fixed random projection onto this many directions
+(``ScanState``), never subsampled."""
+
+
 class BridgedModel(WrappedModel):
     """A ``TransformerBridge`` as a model probe's analyses take: the interface of ``probe.wrap``'s ``WrappedModel``
     (attention and recurrent names, gates, parameters, sublayer outputs), on the bridge's own hook names.
@@ -347,15 +358,17 @@ class BridgedModel(WrappedModel):
     - every hook the bridge has, by its canonical name (``blocks.0.mixer.in_proj.hook_out``; aliases such as
       ``hook_ssm_decay`` are left out so that nothing is cached twice), and ``hook_logits``.
 
-    A native recurrent component (a Mamba mixer, a gated DeltaNet) is not an ``nn.LSTM`` / ``nn.GRU``, so it has no
-    per-step state hooks of probe's: analyses that set a state at one position use their module-level forms or
-    refuse. An ``nn.LSTM`` / ``nn.GRU`` in a recurrent layer's place (``RecurrentMixer``, ``boot(...,
+    The recurrent state per position (``state_sites``): a Mamba / Mamba-2 mixer's scan state is
+    ``blocks.{i}.mixer.scan.hook_state`` ``[batch, pos, features]`` (``ScanState``: read from TransformerLens's
+    eager scan, at most ``state_width`` features, a fixed random projection above), set causally by its
+    ``override_state``; a gated DeltaNet's (``blocks.{i}.linear_attn.scan.hook_state``) is read only
+    (``state_reason``). An ``nn.LSTM`` / ``nn.GRU`` in a recurrent layer's place (``RecurrentMixer``, ``boot(...,
     recurrent="lstm")``) is served as ``probe.wrap`` serves one (``HookedRNN``, on its own Parameters, names
     unchanged): ``blocks.{i}.mixer.layers.0.hook_h`` / ``hook_c`` / gates per position, ``[batch, pos, d_model]``,
-    and causal state edits (``hooked_cells``, ``override_state``).
+    and causal state edits. ``hooked_cells``: every state that can be set, the cells probe's interventions act on.
     """
 
-    def __init__(self, bridge: Any, task: Any = None) -> None:
+    def __init__(self, bridge: Any, task: Any = None, state_width: int = STATE_WIDTH) -> None:
         HookedRootModule.__init__(self)  # not WrappedModel's: no Site hooks are put on the bridge's components
         self.module = bridge
         self.task = task
@@ -370,6 +383,9 @@ class BridgedModel(WrappedModel):
                 rnn = c.module.original_component.rnn
                 self.rnns[c.name] = HookedRNN(rnn, f"{c.name}.rnn")
                 rnn.forward = self.rnns[c.name].forward
+        # each readable scan's state per position, by its path (held outside the module tree, as the rnns are)
+        self.scans = {f"{c.name}.scan": ScanState(c, state_width) for c in self.components
+                      if c.kind in (*SETTABLE, "gated-delta") and not state_reason(c)}
         attention = [c for c in self.components if c.kind == "attention"]
         recurrent = [c for c in self.components if c.kind != "attention"]
         if not self.components:
@@ -397,6 +413,7 @@ class BridgedModel(WrappedModel):
         own = {n: h for n, h in self.module.hook_dict.items() if getattr(h, "name", None) == n}
         cells = {f"{path}.{sub}": h for path, rnn in self.rnns.items() for sub, h in rnn.named_modules()
                  if isinstance(h, HookPoint)}
+        cells |= {f"{path}.hook_state": scan.hook_state for path, scan in self.scans.items()}
         for name, h in cells.items():
             h.name = name
         self.hook_dict = {**own, **cells, "hook_logits": self.hook_logits}
@@ -408,6 +425,8 @@ class BridgedModel(WrappedModel):
             handle.remove()
         for rnn in self.rnns.values():
             del rnn.source.forward
+        for scan in self.scans.values():
+            scan.remove()
         self.unwrapped = True
         return self.module
 
@@ -446,14 +465,38 @@ class BridgedModel(WrappedModel):
         return {f"{c.name}.hook_out": Sublayer("attn" if c.kind == "attention" else "recurrent", 0)
                 for c in sorted(self.components, key=lambda c: c.kind == "attention")}
 
+    @property
+    def hooked_cells(self) -> dict[str, Any]:
+        """Every recurrent state that can be set, by path, in block order: each layer of an ``nn.LSTM`` / ``nn.GRU``
+        mixer (``blocks.0.mixer.layers.0``) and each Mamba / Mamba-2 scan (``blocks.0.mixer.scan``, a
+        ``ScanState``): what the probes' interventions read (``{path}.hook_{s}`` for s in its ``STATES``) and set
+        (its ``override_state``)."""
+        cells = {**super().hooked_cells, **{p: s for p, s in self.scans.items() if s.settable}}
+        return dict(sorted(cells.items(), key=lambda item: int(item[0].split(".")[1])))
+
+    def state_sites(self, edit: bool = False) -> list[str]:
+        """The hooks of every recurrent state that can be read per position (``edit``: set, the recurrence
+        continuing from it); none: one line with each recurrent component's reason (``state_reason``)."""
+        sites = self._states(edit)
+        if not sites:
+            recurrent = [c for c in self.components if c.kind != "attention"]
+            raise ProbeError("; ".join(r for c in recurrent if (r := state_reason(c, edit)))
+                             or "this bridged model has no recurrent component")
+        return sites
+
+    def _states(self, edit: bool = False) -> list[str]:
+        return self.state_hooks() + [f"{p}.hook_state" for p, s in self.scans.items() if not (edit or s.settable)]
+
     def probe_hooks(self) -> list[str]:
-        return [*self.state_hooks(),
-                *(f"{n}.hook_out" for n in (*self.recurrent_names, *self.attention_names, *self.resid_names))]
+        """Every recurrent state per position (``state_sites``), then each component's and block's output."""
+        return [*self._states(), *(f"{n}.hook_out" for n in (*self.recurrent_names, *self.attention_names,
+                                                              *self.resid_names))]
 
 
-def wrap(bridge: Any, task: Any = None) -> BridgedModel:
+def wrap(bridge: Any, task: Any = None, state_width: int = STATE_WIDTH) -> BridgedModel:
     """``bridge`` (a ``TransformerBridge``, e.g. from ``boot``) as a ``BridgedModel`` that probe's analyses take;
-    ``task``: the task it answers (the analyses' default). One line where the bridge has no component to name."""
+    ``task``: the task it answers (the analyses' default); ``state_width``: the most features per position a scan's
+    state site shows as they are (``ScanState``). One line where the bridge has no component to name."""
     from transformer_lens.model_bridge import TransformerBridge
 
     if isinstance(bridge, BridgedModel):
@@ -461,7 +504,7 @@ def wrap(bridge: Any, task: Any = None) -> BridgedModel:
     if not isinstance(bridge, TransformerBridge):
         raise ProbeError(f"probe.bridge.wrap takes a TransformerBridge, got a {type(bridge).__name__}; a model of "
                          "your own goes through probe.wrap(model, attention=[...], recurrent=[...])")
-    return BridgedModel(bridge, task).train(bridge.training)
+    return BridgedModel(bridge, task, state_width).train(bridge.training)
 
 
 def model(arch: str, task: Any = None, **kwargs: Any) -> BridgedModel:
@@ -552,6 +595,25 @@ def eager_scan(comps: Sequence[Component]) -> Iterator[None]:
         yield
 
 
+TRANSITION_HOOKS = {"mamba": ("dt_proj.hook_out",), "mamba2": ("in_proj.hook_out", "conv1d.hook_out"),
+                    "gated-delta": ("hook_log_decay", "hook_beta")}
+"""The hooks (inside the component) each readable recurrence's transition is read from (``transition``)."""
+
+
+def transition(c: Component, cache: Mapping[str, Tensor]) -> Tensor:
+    """The eigenvalues of component ``c``'s per-token transition from ``cache`` (its ``TRANSITION_HOOKS`` by full
+    name; an ActivationCache or a plain dict), ``[batch, pos, ...]`` (``transition_eigenvalues`` says which)."""
+    m = c.module
+    if c.kind == "mamba":
+        dt = torch.nn.functional.softplus(cache[f"{c.name}.dt_proj.hook_out"].float())  # [batch, pos, channel]
+        return torch.exp(dt[..., None] * -torch.exp(m.A_log.float()))  # [batch, pos, channel, state]
+    if c.kind == "mamba2":
+        dt = m._ssd_terms(cache, c.block).dt  # [batch, pos, head]
+        return torch.exp(dt * -torch.exp(m.A_log.float()))
+    decay = torch.exp(cache[f"{c.name}.hook_log_decay"].float())  # [batch, pos, head]
+    return torch.stack([decay, decay * (1 - cache[f"{c.name}.hook_beta"].float())], dim=-1)
+
+
 @torch.no_grad()
 def transition_eigenvalues(model: BridgedModel, tokens: Tensor) -> dict[str, Tensor]:
     """The eigenvalues of each recurrent component's per-token transition on ``tokens``, read from the bridge's
@@ -566,24 +628,17 @@ def transition_eigenvalues(model: BridgedModel, tokens: Tensor) -> dict[str, Ten
     if not recurrent or len(reasons) == len(recurrent):
         raise ProbeError("; ".join(reasons) or "this bridged model has no recurrent component")
     readable = [c for c in recurrent if not transition_reason(c)]
-    wanted = {f"{c.name}.dt_proj.hook_out" for c in readable if c.kind == "mamba"}
-    wanted |= {f"{c.name}.{h}.hook_out" for c in readable if c.kind == "mamba2" for h in ("in_proj", "conv1d")}
-    wanted |= {f"{c.name}.{h}" for c in readable if c.kind == "gated-delta" for h in ("hook_log_decay", "hook_beta")}
+    wanted = {f"{c.name}.{h}" for c in readable for h in TRANSITION_HOOKS[c.kind]}
     with eager_scan(readable):
         _, cache = model.run_with_cache(tokens, names_filter=lambda n: n in wanted)
-    out = {}
-    for c in readable:
-        m = c.module
-        if c.kind == "mamba":
-            dt = torch.nn.functional.softplus(cache[f"{c.name}.dt_proj.hook_out"].float())  # [batch, pos, channel]
-            out[c.name] = torch.exp(dt[..., None] * -torch.exp(m.A_log.float()))  # [batch, pos, channel, state]
-        elif c.kind == "mamba2":
-            dt = m._ssd_terms(cache, c.block).dt  # [batch, pos, head]
-            out[c.name] = torch.exp(dt * -torch.exp(m.A_log.float()))
-        else:
-            decay = torch.exp(cache[f"{c.name}.hook_log_decay"].float())  # [batch, pos, head]
-            out[c.name] = torch.stack([decay, decay * (1 - cache[f"{c.name}.hook_beta"].float())], dim=-1)
-    return out
+    return {c.name: transition(c, cache) for c in readable}
+
+
+def position_first(kind: str, x: Tensor) -> Tensor:
+    """A scan tensor of TransformerLens's with its position axis second: Mamba-1's ``hook_ssm_state`` /
+    ``hook_ssm_write`` are ``[batch, channel, pos, state]`` and swap (the swap is its own inverse); Mamba-2's
+    ``[batch, pos, head, head_dim, state]`` and the gated DeltaNet's ``[batch, pos, head, k, v]`` already are."""
+    return x.transpose(1, 2) if kind == "mamba" else x
 
 
 @torch.no_grad()
@@ -606,11 +661,170 @@ def state_residual(model: BridgedModel, tokens: Tensor,
     out = {}
     for c in comps:
         a = eigs[c.name].float()
-        state, write = cache[f"{c.name}.hook_ssm_state"].float(), cache[f"{c.name}.hook_ssm_write"].float()
-        if c.kind == "mamba":  # [batch, channel, pos, state] -> [batch, pos, channel, state], as a is
-            state, write = state.transpose(1, 2), write.transpose(1, 2)
-        else:  # [batch, pos, head, head_dim, state]; a is per head
+        state, write = (position_first(c.kind, cache[f"{c.name}.hook_ssm_{s}"].float()) for s in ("state", "write"))
+        if c.kind == "mamba2":  # [batch, pos, head, head_dim, state]; a is per head
             a = a[..., None, None]
         predicted = a[:, 1:] * state[:, :-1] + write[:, 1:]
         out[c.name] = float((predicted - state[:, 1:]).abs().max() / state.abs().max().clamp(min=1e-30))
     return out
+
+
+# --- the recurrent state of a bridged scan, per position -------------------------------------------------------------
+PROJECTION_SEED = 0
+"""The seed of that projection: the same directions for every model of the same state size (a random-init copy
+too), so probes on the trained and on the random-init model read the same features."""
+
+SETTABLE = ("mamba", "mamba2")
+"""The scans whose state at position t can be set so that the recurrence continues from it: Mamba-1's and
+Mamba-2's, through TransformerLens's ``hook_ssm_write``."""
+
+NO_STATE = {
+    "conv": "a short convolution keeps a finite window of inputs, not a recurrent state",
+    "opaque": "the bridge exposes it by its input and output only (no state hook)",
+}
+NO_STATE_EDIT = ("TransformerLens's delta-rule scan shows its state after the scan only (hook_ssm_state: an edit "
+                 "there changes the output at its own position, never the next state), and what enters the state "
+                 "(k_t, v_t, beta_t) is a rank-one update per head, so no hook of the bridge sets S_t: its state is "
+                 "probed, not set")
+EDIT_AFTER_SCAN = ("{name} is read after TransformerLens's scan (hook_ssm_state, the state trajectory: an edit there "
+                   "changes only the output at its own position, never the next state); {instead}")
+
+
+def state_reason(c: Component, edit: bool = False) -> str | None:
+    """Why recurrent component ``c``'s state at each position cannot be read (``edit``: set, the recurrence
+    continuing from it) through the bridge's hooks, or None. An ``nn.LSTM`` / ``nn.GRU`` mixer has probe's own
+    per-step hooks; a Mamba / Mamba-2 scan's state is read and set (``ScanState``), a gated DeltaNet's read only."""
+    if c.kind in NO_STATE:
+        return f"{c.name}: {NO_STATE[c.kind]}"
+    if c.kind in ("mamba2", "mamba") and transition_reason(c):
+        # Falcon-H1: the eager scan, the only path on which the state hooks fire, leaves out the mup scaling
+        return (f"{c.name}: TransformerLens's eager scan (the only path on which its state hooks fire) does not "
+                "apply this mixer's mup scaling of in_proj's output, so the state it would show is not the model's")
+    if edit and c.kind == "gated-delta":
+        return f"{c.name}: {NO_STATE_EDIT}"
+    return None
+
+
+class ScanState(nn.Module):
+    """The state of one bridged Mamba / Mamba-2 / gated DeltaNet scan after each position, as a probe site, and
+    (Mamba / Mamba-2) a causal edit of it: what ``probe.probes`` reads and sets on a hooked cell of probe's.
+
+    ``hook_state`` ``[batch, pos, features]``: TransformerLens's ``hook_ssm_state`` (the scan's state trajectory,
+    ``position_first``) flattened per position; above ``width`` features, its projection onto ``width`` fixed
+    orthonormal random directions (``PROJECTION_SEED``). The state hooks fire only on TransformerLens's eager scan
+    (a Python loop; its logits agree with the fused kernel's to float rounding), so the scan runs eagerly in a pass
+    where ``hook_state`` has a hook or an override is active, and fused otherwise.
+
+    ``hook_ssm_state`` is read after the loop: an edit there changes only the output at its own position, so an
+    edit of ``hook_state`` by a hook is refused in one line. ``override_state(t, state)`` sets the state after
+    position t through ``hook_ssm_write`` instead, which feeds the loop: with a_t the transition (``transition``,
+    read from the same pass) and S the state the writes give, w_t becomes w_t + (state - S_t), so S_t is the given
+    state and every later step continues from it; nothing before t changes. On a projected site the given state is
+    ``width`` features and the edit moves S_t only within the projection's directions (the least change that makes
+    the site read it). A gated DeltaNet's state is read only (``NO_STATE_EDIT``)."""
+
+    STATES: ClassVar[tuple[str, ...]] = ("state",)
+
+    def __init__(self, c: Component, width: int = STATE_WIDTH) -> None:
+        super().__init__()
+        self.component, self.width = c, width
+        self.settable = c.kind in SETTABLE
+        self.hook_state = HookPoint()  # [batch, pos, features]
+        self._edits: dict[int, Tensor] = {}
+        self._seen: dict[str, Tensor] = {}
+        self._restore: bool | None = None
+        self.projection: Tensor | None = None
+        m = c.module
+        self._handles = [m.register_forward_pre_hook(self._eager_if_needed),
+                         m.register_forward_hook(self._restore_scan, always_call=True),
+                         m.hook_ssm_state.register_forward_hook(self._read)]
+        if self.settable:
+            self._handles += [m.get_submodule(h).register_forward_hook(self._capture(f"{c.name}.{h}"))
+                              for h in TRANSITION_HOOKS[c.kind]]
+            self._handles.append(m.hook_ssm_write.register_forward_hook(self._write))
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+
+    def _eager_if_needed(self, module: nn.Module, args: tuple) -> None:
+        if (listened(self.hook_state) or self._edits) and not module.eager_scan:
+            self._restore, module.eager_scan = False, True
+
+    def _restore_scan(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._restore is not None:
+            module.eager_scan, self._restore = self._restore, None
+
+    def _project(self, x: Tensor) -> Tensor:
+        """``[..., features]`` -> the site's ``[..., width]`` (as it is where it has at most ``width`` features)."""
+        if x.shape[-1] <= self.width:
+            return x
+        if self.projection is None or self.projection.shape[1] != x.shape[-1]:
+            drawn = torch.randn(x.shape[-1], self.width, generator=torch.Generator().manual_seed(PROJECTION_SEED))
+            self.projection = torch.linalg.qr(drawn).Q.T.contiguous()  # [width, features], orthonormal rows
+        return x @ self.projection.to(x).T
+
+    def _lift(self, d: Tensor, features: int) -> Tensor:
+        """A change of the site's ``width`` features as the least change of the ``features`` it projects."""
+        return d if features <= self.width else d @ self.projection.to(d)
+
+    def _read(self, module: nn.Module, args: tuple, trajectory: Tensor) -> None:
+        if not listened(self.hook_state):
+            return
+        flat = self._project(position_first(self.component.kind, trajectory).flatten(2))
+        seen = self.hook_state(flat)
+        if seen is not flat and not torch.equal(seen, flat):
+            instead = ("set it with override_state (through hook_ssm_write, which the scan reads)" if self.settable
+                       else "and no hook sets the delta rule's state (what enters it is a rank-one update per head): "
+                            "it is probed, not set")
+            raise ProbeError(EDIT_AFTER_SCAN.format(name=self.hook_state.name, instead=instead))
+
+    def _capture(self, name: str) -> Callable[[nn.Module, tuple, Tensor], None]:
+        def capture(module: nn.Module, args: tuple, output: Tensor) -> None:
+            if self._edits:
+                self._seen[name] = output
+        return capture
+
+    def _write(self, module: nn.Module, args: tuple, writes: Tensor) -> Tensor | None:
+        """The writes with each overridden position's changed so that the state there is the one given."""
+        if not self._edits:
+            return None
+        kind = self.component.kind
+        a = transition(self.component, self._seen)  # [batch, pos, ...]
+        a = a[..., None, None] if kind == "mamba2" else a
+        w = position_first(kind, writes).clone()
+        if max(self._edits) >= w.shape[1]:
+            raise ProbeError(f"override_state at position {max(self._edits)} of a {w.shape[1]}-position sequence")
+        features = w[:, 0].flatten(1).shape[1]
+        s = torch.zeros_like(w[:, 0])
+        for t in range(max(self._edits) + 1):  # the scan's own step: S_t = a_t S_{t-1} + w_t
+            s = a[:, t] * s + w[:, t]
+            if t in self._edits:
+                given = self._edits[t].to(s)
+                if given.shape != (s.shape[0], min(features, self.width)):
+                    raise ProbeError(f"override_state: the state of {self.hook_state.name} is (batch, "
+                                     f"{min(features, self.width)}) per position, got {tuple(given.shape)} for a "
+                                     f"batch of {s.shape[0]}")
+                delta = self._lift(given - self._project(s.flatten(1)), features).view_as(s)
+                w[:, t] += delta
+                s = s + delta
+        self._seen = {}
+        return position_first(kind, w)
+
+    @contextlib.contextmanager
+    def override_state(self, position: int, *states: Tensor) -> Iterator[None]:
+        """Within the block, the state after ``position`` is ``states[0]`` (``(batch, features)``, as
+        ``hook_state`` shows it) and the scan continues from it; nothing before ``position`` changes. Blocks nest
+        (an inner one adds its position, wins where both set one). A gated DeltaNet: one line, nothing is set."""
+        c = self.component
+        if not self.settable:
+            raise ProbeError(f"{c.name}: {NO_STATE_EDIT}")
+        if not isinstance(position, int) or len(states) != 1:
+            raise ProbeError(f"{c.name}: override_state(position, state) takes one position (an int) and one "
+                             f"state (its STATES are {self.STATES}), got {position!r} and {len(states)} states")
+        before = self._edits
+        self._edits = {**before, position: states[0]}
+        try:
+            yield
+        finally:
+            self._edits = before

@@ -138,6 +138,144 @@ def test_a_recurrence_without_a_transition_is_refused_in_one_line(task):
     assert "finite window" in transition_reason(conv)
 
 
+# --- the recurrent state through the bridge ---------------------------------------------------------------------------
+SITE = "blocks.0.mixer.scan.hook_state"
+
+
+def _state_runs(model, task, t, scale=20.0):
+    """The clean eager pass, the pass with the state after t set to ``scale`` x another sequence's (the site read
+    in it) and the pass with the state set to its own: ``(clean, given, edited, seen, same)``."""
+    cell = model.hooked_cells["blocks.0.mixer.scan"]
+    tokens, source = task.sample(6, 3, seed=0).tokens, task.sample(6, 3, seed=1).tokens
+    with torch.no_grad():
+        clean, cache = model.run_with_cache(tokens, names_filter=[SITE])
+        _, other = model.run_with_cache(source, names_filter=[SITE])
+        given = scale * other[SITE][:, t]
+        with cell.override_state(t, given):
+            edited, seen = model.run_with_cache(tokens, names_filter=[SITE])
+        with cell.override_state(t, cache[SITE][:, t]):
+            same = model(tokens)
+    return clean, given, edited, seen[SITE][:, t], same
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "mamba"])
+def test_the_scan_state_site_is_the_bridges_state_per_position(arch, task):
+    """Instrument check: the site is TransformerLens's hook_ssm_state, position first, one vector per position; the
+    pass that reads it runs the eager scan (logits within float rounding of the fused kernel's), the next is fused."""
+    from probe.bridge import position_first
+
+    model = probe.bridge.model(arch, task)
+    mixer = model.components[0].module
+    tokens = task.sample(6, 3, seed=0).tokens
+    with torch.no_grad():
+        fused = model(tokens)
+        logits, cache = model.run_with_cache(tokens, names_filter=[SITE, "blocks.0.mixer.hook_ssm_state"])
+    assert cache[SITE].shape == (3, tokens.shape[1], 512)  # Mamba-1: 64 channels x 8; Mamba-2: 4 heads x 16 x 8
+    assert torch.equal(cache[SITE], position_first(model.components[0].kind,
+                                                   cache["blocks.0.mixer.hook_ssm_state"]).flatten(2))
+    assert (logits - fused).abs().max() < 1e-5 and not mixer.eager_scan
+    assert model.state_sites(edit=True) == [SITE, "blocks.1.mixer.scan.hook_state"] == model.probe_hooks()[:2]
+
+
+@pytest.mark.parametrize("arch", ["mamba2", "mamba"])
+def test_a_state_edit_through_the_scan_is_causal(arch, task):
+    model = probe.bridge.model(arch, task)
+    t = 8
+    clean, given, edited, seen, same = _state_runs(model, task, t)
+    assert torch.equal(edited[:, :t], clean[:, :t])  # nothing before t moves, to the bit
+    # the output at t and every later one move (float noise is ~1e-7)
+    assert (edited[:, t:] - clean[:, t:]).abs().amax(dim=(0, 2)).min() > 1e-3
+    # instrument: the scan holds the given state at t, and its own state set back changes nothing
+    assert (seen - given).abs().max() / given.abs().max() < 1e-5
+    assert (same - clean).abs().max() < 1e-5
+    # an edit through the site itself (read after the scan) would change one position only: refused in one line
+    with pytest.raises(ProbeError, match="read after TransformerLens's scan.*override_state") as e:
+        model.run_with_hooks(task.sample(6, 1, seed=0).tokens, fwd_hooks=[(SITE, lambda x, hook: 0 * x)])
+    assert "\n" not in str(e.value) and not model.components[0].module.eager_scan
+
+
+def test_a_state_edit_that_ignores_the_transitions_misses_the_state_it_was_given(task, monkeypatch):
+    # the instrument above fails for a broken edit: one that takes the state before t as the plain sum of the
+    # writes (every transition 1) leaves the scan at another state than the one given
+    import probe.bridge
+
+    read = probe.bridge.transition
+    monkeypatch.setattr(probe.bridge, "transition", lambda c, cache: torch.ones_like(read(c, cache)))
+    _, given, _, seen, _ = _state_runs(probe.bridge.model("mamba2", task), task, 8)
+    assert (seen - given).abs().max() / given.abs().max() > 1e-3
+
+
+def test_a_state_wider_than_the_site_is_projected_and_edited_within_the_projection(task):
+    from probe.bridge import position_first
+
+    model = wrap(boot("mamba2", task), task, state_width=64)
+    cell = model.hooked_cells["blocks.0.mixer.scan"]
+    t = 8
+    clean, given, edited, seen, same = _state_runs(model, task, t)
+    p = cell.projection  # [64, 512], fixed orthonormal rows
+    assert p.shape == (64, 512) and torch.allclose(p @ p.T, torch.eye(64), atol=1e-5)
+    tokens = task.sample(6, 3, seed=0).tokens
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=[SITE, "blocks.0.mixer.hook_ssm_state"])
+        with cell.override_state(t, given):
+            _, moved = model.run_with_cache(tokens, names_filter=["blocks.0.mixer.hook_ssm_state"])
+    full = position_first("mamba2", cache["blocks.0.mixer.hook_ssm_state"]).flatten(2)
+    assert torch.allclose(cache[SITE], full @ p.T, atol=1e-5)
+    assert torch.equal(edited[:, :t], clean[:, :t]) and (edited[:, t:] - clean[:, t:]).abs().max() > 1e-2
+    assert (seen - given).abs().max() / given.abs().max() < 1e-5 and (same - clean).abs().max() < 1e-5
+    # the state moved within the projection's directions only: the rest of it is the base's
+    change = position_first("mamba2", moved["blocks.0.mixer.hook_ssm_state"]).flatten(2)[:, t] - full[:, t]
+    assert (change - change @ p.T @ p).abs().max() < 1e-5 * change.abs().max()
+
+
+def test_a_gated_deltanet_state_is_probed_and_its_edit_refused_in_one_line(task):
+    from probe.bridge import position_first
+
+    model = probe.bridge.model("qwen3-next", task)
+    site = "blocks.0.linear_attn.scan.hook_state"
+    assert model.hooked_cells == {} and model.state_sites() == [site] and model.probe_hooks()[0] == site
+    tokens = task.sample(6, 2, seed=0).tokens
+    with torch.no_grad():
+        _, cache = model.run_with_cache(tokens, names_filter=[site, "blocks.0.linear_attn.hook_ssm_state"])
+    assert torch.equal(cache[site], position_first("gated-delta",
+                                                   cache["blocks.0.linear_attn.hook_ssm_state"]).flatten(2))
+    for refused in (lambda: model.state_sites(edit=True),
+                    lambda: model.scans["blocks.0.linear_attn.scan"].override_state(3, cache[site][:, 3]).__enter__(),
+                    lambda: model.run_with_hooks(tokens, fwd_hooks=[(site, lambda x, hook: 0 * x)])):
+        with pytest.raises(ProbeError, match="rank-one update per head") as e:
+            refused()
+        assert "\n" not in str(e.value)
+
+
+def test_the_probes_and_the_interchange_run_on_the_bridged_state_with_their_controls(task):
+    from probe.probes import probe_model
+
+    model = probe.bridge.model("mamba2", task)
+    result = probe_model(model, task, lengths=[6, 12], hooks=model.state_sites(), n_train=24, n_train_beyond=12,
+                         n_test=8, n_patch=6, random_subspaces=1)
+    assert result.hooks == [SITE, "blocks.1.mixer.scan.hook_state"]
+    assert result.by_length[["control_acc", "random_init_acc"]].notna().all().all()
+    iv = result.interventions
+    assert {"full", "same_sum", "subspace", "subspace_random"} <= set(iv.kind) and set(iv.block) == {0, 1, -1}
+    controls = result.controls.set_index("control")
+    assert {"permuted_target", "shuffled_labels", "identity_patch", "same_sum", "random_subspace"} <= set(
+        controls.index)
+    identity = controls.loc[["identity_patch"]]
+    assert identity.passed.all() and (identity.value < 1e-5).all()
+    assert set(result.verdicts.block) == {0, 1, -1}
+
+
+def test_a_bridge_without_a_state_to_read_or_set_says_why_per_component(task):
+    with pytest.raises(ProbeError, match="finite window of inputs, not a recurrent state") as e:
+        probe.bridge.model("lfm2", task).state_sites()
+    assert "\n" not in str(e.value)
+    with pytest.raises(ProbeError, match="mup scaling"):
+        probe.bridge.model("falcon-h1", task).state_sites()
+    # an nn.LSTM in the layout: its per-step hooks are the state, read and set
+    lstm = probe.bridge.model("nemotron-h", task, recurrent="lstm")
+    assert lstm.state_sites(edit=True) == ["blocks.0.mixer.layers.0.hook_h", "blocks.0.mixer.layers.0.hook_c"]
+
+
 # --- the matrix in docs/bridge.md ------------------------------------------------------------------------------------
 @pytest.mark.slow
 def test_the_committed_matrix_is_what_the_code_does():
