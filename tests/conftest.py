@@ -3,6 +3,7 @@ study's tests, which import its scripts, are apart: study/tests/conftest.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 
@@ -26,6 +27,10 @@ set_hypothesis_home_dir(tempfile.mkdtemp(prefix="hypothesis-"))
 
 from probe.models import HookedSequenceModel, ModelConfig  # noqa: E402
 from probe.tasks import make_task  # noqa: E402
+
+needs_captum = pytest.mark.skipif(importlib.util.find_spec("captum") is None,
+                                  reason="integrated gradients need captum: pip install -e '.[attributions]'")
+"""Marks a test of integrated gradients, the [attributions] extra: an install without it skips the test."""
 
 
 @pytest.fixture

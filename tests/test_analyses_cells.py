@@ -196,12 +196,18 @@ def test_patching_the_carried_state_continues_the_source(cell):
 
 def test_probe_analysis_runs_on_every_cell(cell):
     """The whole probe analysis on a tiny hybrid: the cell's state vectors are probed, patched and given verdicts,
-    and the identity patch (the base's own state set back) changes nothing (an instrument check)."""
+    and the identity patch (the base's own state set back) changes nothing (an instrument check). Asked for one
+    hook, the concatenation of every carried state (a default hook, tested above), the analysis must add each state
+    vector itself for its subspace intervention; the other default hooks take the same path and would only multiply
+    the probe fits."""
     model = cell_model(cell)
-    res = probes.probe_model(model, TASK, lengths=[12], n_train=16, n_train_beyond=8, n_test=8, n_patch=8)
-    state = {n for i in range(2) for n in probes.state_names(model, i)}
-    assert state <= set(res.hooks)
-    assert set(res.by_length[res.by_length.train_positions == "all"].hook) == state  # what the subspace edits
+    state = [n for i in range(2) for n in probes.state_names(model, i)]
+    joined = "+".join(state)
+    res = probes.probe_model(model, TASK, lengths=[12], hooks=[joined], n_train=16, n_train_beyond=8, n_test=8,
+                             n_patch=8)
+    assert res.hooks == [joined, *state]
+    assert set(res.by_length.hook) == {joined, *state}
+    assert set(res.by_length[res.by_length.train_positions == "all"].hook) == set(state)  # what the subspace edits
     assert set(res.interventions.kind) == {"full", "same_sum", "subspace"}
     assert set(res.verdicts.block) == {-1, 0, 1}
     identity = res.controls[res.controls.control == "identity_patch"]
@@ -269,7 +275,9 @@ def ssm_checkpoint(tmp_path_factory):
 @pytest.mark.parametrize("module,args", [
     ("evaluate", ["--lengths", "6,12", "--samples", "8"]),
     ("gradients", ["--lengths", "6", "--samples", "8", "--la-batches", "2", "--la-eval-batches", "1"]),
-    ("probes", ["--lengths", "12", "--n-train", "16", "--n-train-beyond", "8", "--samples", "8", "--n-patch", "8"]),
+    # one hook asked for (test_probe_analysis_runs_on_every_cell probes the SSM's every state vector)
+    ("probes", ["--hooks", "lstm.hook_state", "--lengths", "12", "--n-train", "16", "--n-train-beyond", "8",
+                "--samples", "8", "--n-patch", "8"]),
     ("shortcuts", ["--lengths", "6,12", "--samples", "4", "--window-samples", "8"]),
     ("attributions", ["--lengths", "6", "--samples", "4"]),
 ])

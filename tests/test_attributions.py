@@ -3,7 +3,6 @@ each control fails on the broken method it guards against."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -15,10 +14,7 @@ from probe.attributions import occlusion as O
 from probe.checkpoint import checkpoint_from_model, save_checkpoint
 from probe.gradients import known_split_case
 
-from conftest import tiny_model
-
-needs_captum = pytest.mark.skipif(importlib.util.find_spec("captum") is None,
-                                  reason="integrated gradients need captum: pip install -e '.[attributions]'")
+from conftest import needs_captum, tiny_model
 
 
 @pytest.fixture

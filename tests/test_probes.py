@@ -20,6 +20,7 @@ from probe.probes import (
     collect_activations,
     control_labels,
     control_map,
+    default_hooks,
     fit_probe,
     headline,
     interchange_intervention,
@@ -558,9 +559,12 @@ def test_transformer_is_probed_without_interventions(task):
 
 
 def test_joined_hooks_probe_the_concatenation(hybrid, task):
-    res = probe_model(hybrid, task, lengths=[16], n_train=24, n_train_beyond=8, n_test=8, n_patch=8)
-    joined = "blocks.0.lstm.hook_h+blocks.1.lstm.hook_h"
-    assert joined in res.hooks and "blocks.0.lstm.hook_h+blocks.0.lstm.hook_c" in res.hooks
+    joined, cell = "blocks.0.lstm.hook_h+blocks.1.lstm.hook_h", "blocks.0.lstm.hook_h+blocks.0.lstm.hook_c"
+    assert {joined, cell} <= set(default_hooks(hybrid))
+    # the two joined hooks alone (the default's plain hooks are probed by every other probe_model test here)
+    res = probe_model(hybrid, task, lengths=[16], hooks=[joined, cell], n_train=24, n_train_beyond=8, n_test=8,
+                      n_patch=8)
+    assert {joined, cell} <= set(res.by_length.hook)
     assert set(res.by_length[res.by_length.hook == "blocks.0.lstm.hook_h"].train_positions) == {"in", "beyond", "all"}
     acts = collect_activations(hybrid, task, [8], 4, [joined], seed=0)
     assert acts.x(joined).shape[1] == 2 * hybrid.cfg.d_model

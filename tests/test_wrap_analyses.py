@@ -17,6 +17,8 @@ from probe.attributions.occlusion import resample_occlusion
 from probe.errors import ProbeError
 from probe.tasks import make_task
 
+from conftest import needs_captum
+
 
 @pytest.fixture
 def task():
@@ -119,11 +121,21 @@ def test_attributions_cli_takes_a_factory(tmp_path, monkeypatch, capsys):
     assert {"occlusion", "occlusion_far", "components"} <= analyses and "reads" not in analyses
     checks = {c["control"]: c for c in obj["controls"]}
     assert checks["occlusion_causal_L8"]["passed"] and checks["patching_cross_position_L8"]["passed"]
+
+
+@needs_captum  # without captum, --ig is refused for that first (tests/test_extras.py)
+def test_ig_on_a_factory_is_refused_in_one_line_from_the_command_line(tmp_path, monkeypatch, capsys):
+    from probe.attributions.cli import main
+
+    (tmp_path / "my_hybrid.py").write_text(textwrap.dedent(FACTORY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
     assert main(["my_hybrid:factory", "--json", "--lengths", "8", "--samples", "4", "--ig"]) == 2
     err = capsys.readouterr().err
     assert "hook_embed" in err and len(err.strip().splitlines()) == 1
 
 
+@needs_captum
 def test_ig_is_refused_in_one_line_from_python(task):
     from probe.attributions.analysis import analyze_checkpoint
     from probe.checkpoint import FactoryCheckpoint
