@@ -453,3 +453,14 @@ def test_the_bridged_lstm_preset_trains_under_dat_and_its_checkpoint_rebuilds_of
     assert names and all(torch.equal(snaps[0][k], snaps[1][k]) for k in names)  # attention held until step 2
     assert any(not torch.equal(snaps[1][k], snaps[2][k]) for k in names)
     assert lstm and any(".rnn." in k for k in lstm) and any(not torch.equal(snaps[0][k], snaps[1][k]) for k in lstm)
+
+
+def test_a_bridged_recurrence_is_labelled_by_the_models_own_module_or_its_cell(task):
+    """The analyses' labels (probe.core.cells) name what the user built: the transformers mixer the bridge wraps,
+    or ``lstm`` for an LSTM in a bridged layout, never the bridge's own component class."""
+    from probe.core.cells import recurrent_modules
+
+    native = dict(recurrent_modules(probe.bridge.model("nemotron-h", task)))
+    assert native == {"blocks.0.mixer": "NemotronHMamba2Mixer"}, native
+    lstm = dict(recurrent_modules(probe.bridge.model("nemotron-h", task, recurrent="lstm")))
+    assert lstm == {"blocks.0.mixer": "lstm"}, lstm

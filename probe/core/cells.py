@@ -13,7 +13,13 @@ TORCH_CELLS = {"LSTM": "lstm", "GRU": "gru", "RNN": "rnn"}
 
 def cell_kind(module: Any) -> str:
     """``lstm`` / ``gru`` / ``rnn`` for torch's recurrent modules, else the module's class name (a Mamba mixer, an
-    RG-LRU, a user's own cell)."""
+    RG-LRU, a user's own cell). A TransformerLens bridge component is named by the model's own module it wraps
+    (``original_component``: ``NemotronHMamba2Mixer``, not the bridge's ``SSM2MixerBridge``), and a module that says
+    which torch cell it runs (``cell``: probe.bridge's LSTM / GRU in a bridged layout) by that cell."""
+    module = getattr(module, "original_component", None) or module
+    cell = getattr(module, "cell", None)
+    if isinstance(cell, str) and cell in TORCH_CELLS.values():
+        return cell
     name = type(module).__name__
     return TORCH_CELLS.get(name, name)
 

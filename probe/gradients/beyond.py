@@ -295,7 +295,8 @@ def _pick(rows: pd.DataFrame, part: str, positions: str, scale: float) -> pd.Ser
 
 def verdict_beyond(rows: pd.DataFrame, scale: float | None = None) -> dict[str, Any]:
     """Does a step along -d_att raise the state loss beyond L while lowering the training loss, at the real
-    update's size (``scale`` 1, else the largest measured)? And is it more harmful than a random step as long?"""
+    update's size (``scale`` 1, else the largest measured)? And does it raise that loss more than a random step as
+    long does?"""
     scale = scale if scale is not None else (1.0 if (rows.step_scale == 1.0).any() else float(rows.step_scale.max()))
     far, train, far2 = (_pick(rows, "att", p, scale) for p in (">L", "<=L", ">2L"))
     if far is None or train is None:
