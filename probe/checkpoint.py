@@ -50,6 +50,10 @@ class CheckpointFormatWarning(UserWarning):
     """A checkpoint of an older format was converted as it was read; rewriting it once makes the note go away."""
 
 
+_NOTED: set[str] = set()
+"""The files of an older format noted in this process: one note a file, however often a command reads it."""
+
+
 @dataclass
 class Checkpoint:
     """The contents of one checkpoint file, configs already parsed."""
@@ -440,10 +444,11 @@ def _this_format(obj: Any, name: str) -> tuple[dict[str, Any], int]:
 
 def checkpoint_from_payload(obj: Any, path: Path | None = None) -> Checkpoint:
     """The checkpoint a file's payload holds, checked. A file of an older format is converted first, with a note
-    (``CheckpointFormatWarning``) that names it and how to rewrite it once."""
+    (``CheckpointFormatWarning``, once a file in a process) that names it and how to rewrite it once."""
     name = str(path) if path else "<checkpoint>"
     obj, version = _this_format(obj, name)
-    if version < FORMAT_VERSION:
+    if version < FORMAT_VERSION and name not in _NOTED:
+        _NOTED.add(name)
         fix = (f"python -m probe.checkpoint upgrade {path}" if path else
                "probe.checkpoint.save_checkpoint writes it in this format")
         warnings.warn(f"{name}: checkpoint format {version}, converted as it was read; rewrite it once in format "
