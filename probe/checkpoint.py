@@ -24,12 +24,13 @@ from typing import Any, BinaryIO
 
 import torch
 
-from probe.cli import envelope, make_parser, run_cli, say
+from probe.cli import say
 from probe.core.package import __version__
 from probe.core.specs import is_factory_spec
 from probe.errors import ProbeError
 from probe.external import AnyModelConfig, build_any, call_factory, model_config_from_dict
 from probe.models import ModelConfig
+from probe.runner import Command, CommandGroup, CommandOptions, Report, option
 from probe.schedules import legacy
 from probe.schedules.settings import ScheduleConfig
 from probe.tasks import TaskConfig, task_from_dict
@@ -598,27 +599,35 @@ def _checkpoint_files(specs: list[str]) -> list[Path]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m probe.checkpoint upgrade PATH...``: one line and exit code 2 on a bad file."""
-    parser = make_parser("python -m probe.checkpoint", "Checkpoint files in this probe's format.")
-    sub = parser.add_subparsers(dest="action", required=True, metavar="upgrade")
-    upgrade = sub.add_parser("upgrade", help="rewrite checkpoints of an older format, once",
-                             description=_UPGRADE_HELP, formatter_class=parser.formatter_class)
-    upgrade.add_argument("paths", nargs="+", metavar="PATH",
-                         help="checkpoint files, or folders (every *.pt below them)")
-    upgrade.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+@dataclass
+class UpgradeOptions(CommandOptions):
+    """``python -m probe.checkpoint upgrade PATH... [--json]``."""
 
-    def body(args: Any) -> dict[str, Any]:
-        rows = []
-        for path in _checkpoint_files(args.paths):
-            was = upgrade_checkpoint(path)
-            rows.append({"checkpoint": str(path), "format_was": was, "format": FORMAT_VERSION,
-                         "rewritten": was != FORMAT_VERSION})
-            say(args, f"{path}: " + (f"format {was} -> {FORMAT_VERSION}, rewritten" if was != FORMAT_VERSION else
-                                     f"already format {FORMAT_VERSION}, left as it is"))
-        return envelope("checkpoint upgrade", [r["checkpoint"] for r in rows], rows)
+    paths: list[str] = option(help="checkpoint files, or folders (every *.pt below them)", positional=True,
+                              nargs="+", metavar="PATH", default_factory=list)
+    json: bool = option(False, "print one JSON object on stdout")
+    # every command takes it, so that a script can pass it everywhere; an upgrade draws no bar
+    no_progress: bool = option(False, "accepted for a uniform command line (upgrade shows no progress)", order=7)
 
-    return run_cli(parser, body, argv)
+
+def upgrade(opts: UpgradeOptions) -> Report:
+    """Rewrite each file of an older format once; a line a file says what was done (one line and exit code 2 on a
+    bad file)."""
+    rows = []
+    for path in _checkpoint_files(opts.paths):
+        was = upgrade_checkpoint(path)
+        rows.append({"checkpoint": str(path), "format_was": was, "format": FORMAT_VERSION,
+                     "rewritten": was != FORMAT_VERSION})
+        say(opts, f"{path}: " + (f"format {was} -> {FORMAT_VERSION}, rewritten" if was != FORMAT_VERSION else
+                                 f"already format {FORMAT_VERSION}, left as it is"))  # as it goes: a bad file stops
+    return Report([r["checkpoint"] for r in rows], rows, command="checkpoint upgrade")
+
+
+COMMAND = CommandGroup("checkpoint", "Checkpoint files in this probe's format.", (
+    Command("upgrade", UpgradeOptions, upgrade, _UPGRADE_HELP, results_file=False,
+            summary="rewrite checkpoints of an older format, once"),
+))
+main, build_parser = COMMAND.main, COMMAND.build_parser
 
 
 if __name__ == "__main__":

@@ -252,14 +252,6 @@ def run_command(args: Any, body: Callable[[Any], tuple[dict[str, Any], int]], ar
     return code
 
 
-def run_cli(parser: argparse.ArgumentParser, body: Callable[[argparse.Namespace], dict[str, Any]],
-            argv: list[str] | None = None) -> int:
-    """A parser built by hand, run as every command runs (``run_command``); ``probe.runner.Command`` builds the
-    parser from an options dataclass instead, which every ``python -m probe.NAME`` command does."""
-    args = parsed(parser, argv)
-    return args if isinstance(args, int) else run_command(args, lambda a: (body(a), 0), argv)
-
-
 def write_outputs(out: str | os.PathLike, result: dict[str, Any], figures: dict[str, Any], dpi: int = 120) -> Path:
     """The ``--out`` layout of every analysis: ``OUT/results.json`` (the envelope) and each named figure (closed
     after saving). Returns the path of ``results.json``."""
