@@ -139,8 +139,11 @@ class Checkpoint:
 
 
 def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
-    """Write ``ckpt`` to ``path`` atomically: a temp file in the same folder, then ``os.replace``."""
+    """Write ``ckpt`` to ``path`` atomically: a temp file in the same folder, then ``os.replace``. A training
+    record whose schedule is not spelt as today's (``ScheduleConfig.to_dict``) is refused: a new file holds no old
+    spelling."""
     path = Path(path)
+    _check_schedule_record(ckpt.train_config, path)
     payload = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -157,6 +160,27 @@ def save_checkpoint(path: str | os.PathLike, ckpt: Checkpoint) -> Path:
     _write_atomically(path, payload)
     ckpt.path = path
     return path
+
+
+def _check_schedule_record(train_config: dict[str, Any], path: Path) -> None:
+    """One line if ``train_config``'s schedule is not a record ``ScheduleConfig.from_dict`` reads as it is: an old
+    spelling (``kind``, a bare-number point) is named with the function that converts it."""
+    record = train_config.get("schedule", {})
+    if not isinstance(record, dict):
+        raise CheckpointError(f"{path}: not written: train_config's schedule is a {type(record).__name__}, not a "
+                              f"record of settings (ScheduleConfig.to_dict writes one)")
+    try:
+        ScheduleConfig.from_dict(record)
+        return
+    except (ProbeError, TypeError):
+        pass
+    try:
+        legacy.upgrade_schedule(record)
+    except (ProbeError, TypeError) as e:
+        raise CheckpointError(f"{path}: not written: train_config's schedule {record!r} is not a schedule ({e})"
+                              ) from None
+    raise CheckpointError(f"{path}: not written: train_config's schedule {record!r} is in an old spelling; "
+                          f"probe.schedules.legacy.upgrade_schedule(record) converts it to today's")
 
 
 def _write_atomically(path: Path, payload: dict[str, Any], mode: int | None = None) -> None:

@@ -37,6 +37,7 @@ from probe.checkpoint import (
     upgrade_checkpoint,
 )
 from probe.errors import ProbeError
+from probe.schedules import legacy
 from probe.schedules.points import At
 from probe.schedules.settings import ScheduleConfig
 from probe.tasks import make_task
@@ -181,6 +182,25 @@ def test_a_format_1_record_that_is_no_schedule_is_refused_in_one_line(saved, tmp
     with pytest.raises(CheckpointError) as e:
         load_checkpoint(bad)
     one_line(e, bad, "format 1", "unknown schedule 'later'")
+
+
+def test_a_new_file_holds_no_old_spelling_save_refuses_one_and_names_the_converter(saved, tmp_path):
+    """save_checkpoint writes format 2, so a record in an old spelling would be a format-2 file that format 2's
+    load path does not read (it would lose its variant, as above): refused in one line, nothing written."""
+    _, path = saved
+    ckpt = load_checkpoint(path)
+    for record, words in ((OLD_DAT, ("old spelling", "probe.schedules.legacy.upgrade_schedule")),
+                          ({"kind": "later"}, ("not a schedule", "unknown schedule 'later'")),
+                          ("dat", ("a str, not a record",))):
+        ckpt.train_config = {"seed": 3, "schedule": record}
+        with pytest.raises(CheckpointError) as e:
+            save_checkpoint(tmp_path / "new.pt", ckpt)
+        one_line(e, tmp_path / "new.pt", "not written", *words)
+        assert not (tmp_path / "new.pt").exists()
+    ckpt.train_config = {"seed": 3, "schedule": legacy.upgrade_schedule(OLD_DAT)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_checkpoint(save_checkpoint(tmp_path / "new.pt", ckpt)).variant == "dat"
 
 
 def test_upgrade_rewrites_once_keeps_every_tensor_and_a_second_upgrade_changes_nothing(saved, tmp_path):

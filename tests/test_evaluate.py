@@ -64,7 +64,7 @@ def two_seeds(tmp_path):
     for seed in (0, 1):
         model = tiny_model("hybrid", task.vocab_size, seed=seed)
         paths.append(save_checkpoint(tmp_path / f"s{seed}.pt", checkpoint_from_model(
-            model, task, train_config={"seed": seed, "schedule": {"kind": "joint"}})))
+            model, task, train_config={"seed": seed, "schedule": {"variant": "joint"}})))
     return paths
 
 

@@ -124,7 +124,7 @@ def test_cells_without_a_per_token_transition_say_so_in_one_line(kw):
 
 def test_cli_json_gives_channel_and_summary_rows_with_every_control(tmp_path, capsys):
     path = save_checkpoint(tmp_path / "ssm.pt", checkpoint_from_model(
-        ssm("complex"), TASK, train_config={"seed": 0, "schedule": {"kind": "joint"}}))
+        ssm("complex"), TASK, train_config={"seed": 0, "schedule": {"variant": "joint"}}))
     assert main([str(path), "--samples", "8", "--json"]) == 0
     obj = json.loads(capsys.readouterr().out)
     assert {r["metric"] for r in obj["results"]} == {"channel", "summary"}
@@ -162,7 +162,7 @@ def test_analyze_of_a_hand_set_counter_reports_it_in_the_summary(tmp_path):
     model = ssm("complex")
     _set_known(model, TASK, channel=0)
     path = save_checkpoint(tmp_path / "c.pt", checkpoint_from_model(
-        model, TASK, train_config={"seed": 0, "schedule": {"kind": "joint"}}))
+        model, TASK, train_config={"seed": 0, "schedule": {"variant": "joint"}}))
     r = analyze(path, n_samples=8)
     row = r.summary[(r.summary.block == 0) & (r.summary.order == 10)].iloc[0]
     assert row.channels >= 1 and row.best_horizon > 16 * TASK.train_length and math.isfinite(row.beyond)

@@ -26,7 +26,7 @@ def test_grid_script_reads_ssm_runs_once_and_skips_other_cells(tmp_path, monkeyp
                            ("hybrid-gru-dat", tiny_model("hybrid", TASK.vocab_size, rnn="gru"))):
         (runs / variant / "seed0").mkdir(parents=True)
         save_checkpoint(runs / variant / "seed0" / "final.pt", checkpoint_from_model(
-            model, TASK, train_config={"seed": 0, "schedule": {"kind": "joint"}}))
+            model, TASK, train_config={"seed": 0, "schedule": {"variant": "joint"}}))
     out = tmp_path / "transitions.csv"
     assert recurrent_transitions.main([str(runs), "--out", str(out), "--samples", "8"]) == 0
     df = pd.read_csv(out)
@@ -61,7 +61,7 @@ def test_redo_reads_the_runs_again_and_fills_a_column_written_before_it_existed(
     ssm = tiny_model("hybrid", TASK.vocab_size, d_model=48, rnn="ssm", ssm_range="negative", pos_encoding="none")
     (runs / "hybrid-ssm-negative-dat" / "seed3").mkdir(parents=True)
     save_checkpoint(runs / "hybrid-ssm-negative-dat" / "seed3" / "final.pt", checkpoint_from_model(
-        ssm, TASK, train_config={"seed": 3, "schedule": {"kind": "joint"}}))
+        ssm, TASK, train_config={"seed": 3, "schedule": {"variant": "joint"}}))
     out = tmp_path / "transitions.csv"
     assert recurrent_transitions.main([str(runs), "--out", str(out), "--samples", "8"]) == 0
     full = pd.read_csv(out)
