@@ -39,7 +39,8 @@ FORMAT = "probe-checkpoint"
 FORMAT_VERSION = 2
 """The schema this probe writes. 2: the training record's schedule is spelt as ``ScheduleConfig.to_dict`` writes it
 (its settings and its variant's name), and only so. 1 (probe 0.1.0): the schedule in any spelling it ever had (an
-old ``kind``, bare-number points: ``probe.schedules.legacy``). A file of format 1 is converted as it is read, with a
+old ``kind``, bare-number points: ``probe.schedules.legacy``) and a wrapped model's ``nn.LSTM`` / ``nn.GRU`` weights
+under the names of an older wrapper (``_upgrade_wrapped_keys``). A file of format 1 is converted as it is read, with a
 note; ``python -m probe.checkpoint upgrade PATH`` rewrites it once."""
 
 
@@ -125,10 +126,6 @@ class Checkpoint:
         except ProbeError as e:
             # the path as given (a run folder's final.pt among many is named by its folder), not the file's name
             raise CheckpointError(f"{self.path or self.name}: cannot rebuild its model: {e}") from None
-        rename = getattr(model, "rename_old_keys", None)  # a wrapped model's weights saved under older names
-        if rename is not None:
-            rename(self.state_dict)
-            rename((self.extra.get("lstm_adam") or {}).get("exp_avg_sq") or {})
         try:
             model.load_state_dict(self.state_dict)
         except RuntimeError as e:
@@ -440,7 +437,8 @@ def _refusal(globals_: list[str]) -> str:
 # --- formats ---------------------------------------------------------------------------------------------------------
 def _this_format(obj: Any, name: str) -> tuple[dict[str, Any], int]:
     """A file's payload in this probe's format, and the format it was written in. An older format is converted here
-    and nowhere else: its schedule record re-spelt once by ``legacy.upgrade_schedule``; a newer one is refused."""
+    and nowhere else: its schedule record re-spelt once by ``legacy.upgrade_schedule``, a wrapped recurrence's weights
+    (and their AdamW moments) under today's names (``_upgrade_wrapped_keys``); a newer one is refused."""
     if not isinstance(obj, dict) or obj.get("format") != FORMAT:
         holds = (f"a dict of {', '.join(repr(k)[:40] for k in list(obj)[:4])}{', ...' if len(obj) > 4 else ''}"
                  if isinstance(obj, dict) and obj else f"a {type(obj).__name__}")
@@ -457,6 +455,12 @@ def _this_format(obj: Any, name: str) -> tuple[dict[str, Any], int]:
     if version == FORMAT_VERSION:
         return obj, version
     current = dict(obj, format_version=FORMAT_VERSION)
+    if isinstance(obj.get("state_dict"), dict):
+        current["state_dict"] = _upgrade_wrapped_keys(obj["state_dict"])
+    adam = obj["extra"].get("lstm_adam") if isinstance(obj.get("extra"), dict) else None
+    if isinstance(adam, dict) and isinstance(adam.get("exp_avg_sq"), dict):
+        moments = _upgrade_wrapped_keys(adam["exp_avg_sq"])
+        current["extra"] = dict(obj["extra"], lstm_adam=dict(adam, exp_avg_sq=moments))
     train = obj.get("train_config")
     if isinstance(train, dict) and isinstance(train.get("schedule"), dict):
         try:
@@ -465,6 +469,27 @@ def _this_format(obj: Any, name: str) -> tuple[dict[str, Any], int]:
             raise CheckpointError(f"{name}: checkpoint format {version} whose schedule record is not a schedule "
                                   f"({e})") from None
     return current, version
+
+
+_OLD_WRAPPED_RNN = re.compile(r"(module\..+)\.layers\.(\d+)\.rnn\.(weight_ih|weight_hh|bias_ih|bias_hh)_l0")
+"""A key of format 1: a wrapped model's named ``nn.LSTM`` / ``nn.GRU`` at ``PATH``, before wraps kept the user's
+module tree, was swapped for cells saved as ``module.PATH.layers.K.rnn.W_l0``; today its keys are the user's own,
+``module.PATH.W_lK``."""
+
+
+def _upgrade_wrapped_keys(named: dict[str, Any]) -> dict[str, Any]:
+    """``named`` (a state_dict, or anything keyed by parameter name) with a wrapped recurrence's format-1 keys as
+    today's. Only a module every key below which has the old form is renamed (a user's own ``...layers.0.rnn``
+    beside other weights is left as it is), and never onto a key that is there already."""
+    found = {key: m for key in named if (m := _OLD_WRAPPED_RNN.fullmatch(key))}
+    paths = {m.group(1) for m in found.values()}
+    old = {p for p in paths if all(k in found for k in named if k.startswith(p + "."))}
+    out: dict[str, Any] = {}
+    for key, value in named.items():
+        m = found.get(key)
+        new = f"{m.group(1)}.{m.group(3)}_l{m.group(2)}" if m and m.group(1) in old else None
+        out[new if new and new not in named else key] = value
+    return out
 
 
 def checkpoint_from_payload(obj: Any, path: Path | None = None) -> Checkpoint:

@@ -280,11 +280,6 @@ class WrappedConfig:
 
 
 # --- the wrapped model ----------------------------------------------------------------------------------------------
-def _renamed_rnn_keys(wrapper: WrappedModel, state_dict: dict[str, Any], prefix: str, *_: Any) -> None:
-    """``load_state_dict``'s pre-hook: ``rename_old_keys`` on what is loaded."""
-    wrapper.rename_old_keys(state_dict, prefix)
-
-
 class NotExposedError(ProbeError, AttributeError):
     """An analysis asked a wrapped model for a part of probe's own models (its blocks, embedding, attention
     pattern). An ``AttributeError`` too, so that ``hasattr`` and ``getattr(..., default)`` keep working."""
@@ -370,7 +365,6 @@ class WrappedModel(HookedRootModule):
                 module.forward = self.rnns[n].forward
         self.hook_logits = HookPoint()  # [batch, pos, vocab]
         self.cfg = self._config()
-        self.register_load_state_dict_pre_hook(_renamed_rnn_keys)
         self.setup()
 
     def unwrap(self) -> nn.Module:
@@ -390,17 +384,6 @@ class WrappedModel(HookedRootModule):
                 del m.forward
         self.unwrapped = True
         return self.module
-
-    def rename_old_keys(self, named: dict[str, Any], prefix: str = "") -> None:
-        """Rename, in place, the keys of ``named`` (a state_dict, or anything keyed by parameter name) that a wrapper
-        wrote before wraps kept the user's module tree, the one place old names are read."""
-        # old: a named nn.LSTM / nn.GRU was swapped for a HookedRNN, so its weights were <name>.layers.{k}.rnn.<w>_l0
-        for path, rnn in self.rnns.items():
-            for k in range(len(rnn.layers)):
-                for w in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-                    old, new = f"{prefix}module.{path}.layers.{k}.rnn.{w}_l0", f"{prefix}module.{path}.{w}_l{k}"
-                    if old in named and new not in named:
-                        named[new] = named.pop(old)
 
     def __enter__(self) -> WrappedModel:
         return self

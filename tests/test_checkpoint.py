@@ -30,6 +30,7 @@ from probe.checkpoint import (
     FORMAT_VERSION,
     CheckpointError,
     CheckpointFormatWarning,
+    _upgrade_wrapped_keys,
     checkpoint_from_model,
     load_checkpoint,
     resolve_checkpoints,
@@ -201,6 +202,18 @@ def test_a_new_file_holds_no_old_spelling_save_refuses_one_and_names_the_convert
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert load_checkpoint(save_checkpoint(tmp_path / "new.pt", ckpt)).variant == "dat"
+
+
+def test_format_1_renames_an_old_wrapped_recurrence_and_nothing_that_only_looks_like_one():
+    """A module whose keys all have the old wrapper's form is renamed; a user's own ``layers.0.rnn`` beside other
+    weights of the same module, probe's own keys, and a rename onto a key already there are left as they are."""
+    old = {f"module.lstm.layers.{k}.rnn.{w}_l0": k for k in (0, 1) for w in ("weight_ih", "bias_hh")}
+    assert _upgrade_wrapped_keys(old) == {f"module.lstm.{w}_l{k}": k for k in (0, 1) for w in ("weight_ih", "bias_hh")}
+    own = {"module.net.layers.0.rnn.weight_ih_l0": 0, "module.net.layers.0.norm.weight": 1,
+           "blocks.0.lstm.rnn.weight_ih_l0": 2}
+    taken = {"module.a.layers.0.rnn.weight_ih_l0": 0, "module.a.weight_ih_l0": 1}
+    for named in (own, taken):
+        assert _upgrade_wrapped_keys(named) == named
 
 
 def test_upgrade_rewrites_once_keeps_every_tensor_and_a_second_upgrade_changes_nothing(saved, tmp_path):
