@@ -55,7 +55,8 @@ docs/guides/gradients.md.
 
 The default run (24 s of CPU on one thread of a 2-core Xeon VM: benchmarks/cli_defaults.py): the interference table,
 and the lookahead at the real update's step size alone on fewer batches and two random directions: its verdict with
-every control, at less power. --full-lookahead is the lookahead the study reports; --no-lookahead the table alone.
+every control, at less power. --full-lookahead runs it at every step size on more batches and directions;
+--no-lookahead the table alone.
 --real-step adds the lookahead at AdamW's real next update, split into its parts, on a snapshot that holds the
 optimizer's state (train with --set train.traj_optimizer=true --set train.traj_dtype=float32, or a run's last.pt;
 the shipped checkpoints hold none); --rollout STEPS adds the run continued from there with and without attention's
@@ -129,7 +130,7 @@ class GradientOptions(CheckpointOptions):
                                   aliases=["--batch"])
     no_lookahead: bool = option(False, "only the interference table and its checks (about a quarter of the default "
                                        "run's time)")
-    full_lookahead: bool = option(False, "the lookahead the study reports: step sizes "
+    full_lookahead: bool = option(False, "the lookahead at full power: step sizes "
                                   + ", ".join(f"{s:g}" for s in LOOKAHEAD_SCALES) + " x the update (the default "
                                   + "takes the real update, 1, alone), "
                                   f"{LOOKAHEAD_BATCHES} direction batches, {LOOKAHEAD_EVAL_BATCHES} + "

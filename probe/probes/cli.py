@@ -21,7 +21,7 @@ RANDOM_SUBSPACES = 3
 """Repeated here so that ``--help`` needs no import of the models."""
 SIZES = {"factors": (1, 3), "n_train": 100, "n_train_beyond": 50, "n_patch": 32, "windows": ()}
 FULL = {"factors": (1, 2, 3, 4), "n_train": 200, "n_train_beyond": 100, "n_patch": 48, "windows": WINDOWS}
-"""The default run and the study's (``--full``): lengths (x L_train: in range and the end of the length-generalization
+"""The default run and the full one (``--full``): lengths (x L_train: in range and the end of the length-generalization
 range by default), training and patch sequences, windowed-sum targets. A probe's fit costs in proportion to its
 training positions, and each length adds its tests and interventions: the default is about a third of the full
 run, and what it leaves out is said in ``--help``."""
@@ -48,9 +48,9 @@ DESCRIPTION = """\
 Linear probes that decode the running sum s_t mod m, with controls, and interventions on the recurrent state.
 
 The default run (23 s of CPU on one thread of a 2-core Xeon VM: benchmarks/cli_defaults.py): every probe,
-intervention and control below at L_train and 3x, on half the study's training and patch sequences, without the
-windowed-sum targets. --full
-is the study's run: 1x..4x, twice the sequences, the windowed sums 3,10,L; about 3x the time.
+intervention and control below at L_train and 3x, on half the full run's training and patch sequences, without
+the windowed-sum targets. --full runs the probes at every length 1x..4x with twice the sequences and the windowed
+sums 3,10,L: tighter estimates and the windowed-shortcut check, in about 3x the time.
 
 The recurrent state of a block is what its cell carries, as its hooks: the output lstm.hook_h, then the LSTM's
 cell state lstm.hook_c, or the SSM's lstm.hook_state; the GRU's state is lstm.hook_h alone
@@ -122,12 +122,12 @@ class ProbeOptions(CheckpointOptions):
                                    f"baseline of the subspace interchange (0 = skip; default {RANDOM_SUBSPACES})",
                                    type=nonnegative_int, metavar="N")
     no_patching: bool = option(False, "skip the interventions")
-    full: bool = option(False, "the study's run: lengths 1x,2x,3x,4x, 200 + 100 training and 48 patch sequences, "
+    full: bool = option(False, "the full run: lengths 1x,2x,3x,4x, 200 + 100 training and 48 patch sequences, "
                                "windowed sums 3,10,L (the flags above override each); about 3x the default run's "
                                "time (benchmarks/cli_defaults.py)")
 
     def size(self, key: str) -> Any:
-        """A size the command line left open: the default run's, or the study's with ``--full``."""
+        """A size the command line left open: the default run's, or the full run's with ``--full``."""
         given = getattr(self, key, None)
         return given if given is not None else (FULL if self.full else SIZES)[key]
 
