@@ -167,7 +167,7 @@ def test_dry_run_prints_runs_and_commands_and_runs_nothing(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("report_flags", [["--compare", "a:b:c"], ["--compare", "a:b", "--target", "x>1"],
-                                          ["--target", "recipe"], ["--window", "(2x, 4x]"]])
+                                          ["--target", "both-16x"], ["--window", "(2x, 4x]"]])
 def test_bad_report_options_are_refused_before_anything_trains(tmp_path, capsys, report_flags):
     out = tmp_path / "never"
     assert main(["--preset", "lstm", "--seeds", "0", "--steps", "5", "--out", str(out), *report_flags]) == 2
@@ -432,7 +432,7 @@ def test_report_and_compare_work_on_the_compact_form_alone(local_sweep, tmp_path
         [("hybrid-joint", "lstm", expect["hybrid-joint"], expect["lstm"])]
     assert not rows[0]["testable"] and "descriptive" in rows[0]["verdict"]
     capsys.readouterr()
-    assert main([str(compact), "--report", "--no-figure", "--out", str(report), "--target", "recipe"]) == 2
+    assert main([str(compact), "--report", "--no-figure", "--out", str(report), "--target", "both-16x"]) == 2
     assert capsys.readouterr().err.count("\n") == 1
     # --out naming the compact grid itself is a rewrite, which only --in-place asks for
     before = {p.name: p.read_bytes() for p in compact.iterdir()}

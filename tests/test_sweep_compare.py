@@ -294,7 +294,7 @@ def test_newcombe_interval_reproduces_the_published_examples(counts, published):
 
 
 def runs_frame(met: dict[str, list[bool]]) -> pd.DataFrame:
-    """A runs.jsonl-like frame: a run meets the recipe's target exactly when its flag is set (fails one bound
+    """A runs.jsonl-like frame: a run meets the both-16x target exactly when its flag is set (fails one bound
     at a time otherwise, so each bound is exercised)."""
     rows = []
     for v, flags in met.items():
@@ -302,7 +302,7 @@ def runs_frame(met: dict[str, list[bool]]) -> pd.DataFrame:
             r = {"variant": v, "seed": s, "state_win_2x_4x": 1.0, "recall_win_2x_4x": 1.0,
                  "state_win_8x_16x": 0.97, "recall_win_8x_16x": 0.99}
             if not ok:
-                r[list(r)[2 + s % 4]] = 0.94  # below every bound of the recipe's target
+                r[list(r)[2 + s % 4]] = 0.94  # below every bound of the both-16x target
             rows.append(r)
     return pd.DataFrame(rows)
 
@@ -310,7 +310,7 @@ def runs_frame(met: dict[str, list[bool]]) -> pd.DataFrame:
 def test_target_comparison_counts_seeds_and_tests_only_what_can_reject():
     runs = runs_frame({"a": [True] * 10, "b": [False] * 10, "c": [True] * 4 + [False] * 6,
                        "d": [True, False, True], "e": [False, False, True]})
-    rows = compare_target(runs, [("a", "b"), ("c", "b"), ("b", "a"), ("d", "e")], parse_target("recipe"))
+    rows = compare_target(runs, [("a", "b"), ("c", "b"), ("b", "a"), ("d", "e")], parse_target("both-16x"))
     ab = rows.iloc[0]
     assert (ab.k, ab.n_seeds, ab.k_baseline, ab.n_seeds_baseline) == (10, 10, 0, 10)
     assert ab.p_fisher == pytest.approx(stats.fisher_exact([[10, 0], [0, 10]]).pvalue)
@@ -330,9 +330,9 @@ def test_target_comparison_counts_seeds_and_tests_only_what_can_reject():
 def test_a_run_missing_a_window_is_not_counted_as_failing():
     runs = runs_frame({"a": [True, True], "b": [True, False]})
     runs.loc[0, "state_win_8x_16x"] = np.nan  # evaluated too short for (8x, 16x]
-    met = meets_target(runs, parse_target("recipe"))
+    met = meets_target(runs, parse_target("both-16x"))
     assert met.isna().tolist() == [True, False, False, False] and met.tolist()[1:] == [True, True, False]
-    row = compare_target(runs, [("a", "b")], parse_target("recipe")).iloc[0]
+    row = compare_target(runs, [("a", "b")], parse_target("both-16x")).iloc[0]
     assert (row.k, row.n_seeds) == (1, 1)
 
 

@@ -127,7 +127,7 @@ class SweepOptions(CommandOptions):
     target_spec: str | None = option(None, "with --compare: also count the seeds of each pair that meet a target "
                                            "and compare the rates (Fisher's exact test, Newcombe interval, Holm; "
                                            "rows with row=target_comparison): METRIC>=X,METRIC<X,... over "
-                                           "runs.jsonl's columns, or recipe (both subtasks >= 99 %% in (2x, 4x] and "
+                                           "runs.jsonl's columns, or both-16x (both subtasks >= 99 %% in (2x, 4x] and "
                                            ">= 95 %% in (8x, 16x])", flag="--target", metavar="SPEC")
     confirm: str | None = option(None, "pre-registered confirmation: train the fresh seeds of the claims file's "
                                        "sweep in --out (finished runs are reused), then judge every claim on them: "

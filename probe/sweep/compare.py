@@ -139,10 +139,10 @@ Bounds = list[tuple[str, str, float]]
 
 def parse_target(spec: str) -> Bounds:
     """``--target``: ``METRIC>=X`` and ``METRIC<X`` bounds joined by commas, each a column of the runs' summaries
-    (``state_win_2x_4x>=0.99,recall_win_8x_16x>=0.95``); ``recipe`` is the recipe's target (both subtasks >= 99 %
-    in (2x, 4x] and >= 95 % in (8x, 16x])."""
-    if spec.strip() == "recipe":
-        spec = RECIPE_TARGET
+    (``state_win_2x_4x>=0.99,recall_win_8x_16x>=0.95``); ``both-16x`` is ``BOTH_16X`` (both subtasks >= 99 % in
+    (2x, 4x] and >= 95 % in (8x, 16x])."""
+    if spec.strip() == "both-16x":
+        spec = BOTH_16X
     bounds: Bounds = []
     for part in filter(None, (x.strip() for x in spec.split(","))):
         op = ">=" if ">=" in part else "<" if "<" in part else None
@@ -154,11 +154,11 @@ def parse_target(spec: str) -> Bounds:
         if op is None or not metric.strip():
             raise ProbeError(f"--target {part!r}: write METRIC>=X or METRIC<X (e.g. state_win_8x_16x>=0.95)")
     if not bounds:
-        raise ProbeError("--target is empty: give METRIC>=X bounds, or recipe")
+        raise ProbeError("--target is empty: give METRIC>=X bounds, or both-16x")
     return bounds
 
 
-RECIPE_TARGET = "state_win_2x_4x>=0.99,recall_win_2x_4x>=0.99,state_win_8x_16x>=0.95,recall_win_8x_16x>=0.95"
+BOTH_16X = "state_win_2x_4x>=0.99,recall_win_2x_4x>=0.99,state_win_8x_16x>=0.95,recall_win_8x_16x>=0.95"
 
 
 def meets_target(runs: pd.DataFrame, bounds: Bounds) -> pd.Series:

@@ -13,7 +13,7 @@ from doc_format import can_reach, descriptive, grid_of, min_adjusted_text, p_tex
 
 from probe.core.stats import fisher_p, holm, permutation_p, welch_interval
 from probe.sweep.claims import judge, load_claims
-from probe.sweep.compare import RECIPE_TARGET, meets_target, newcombe_interval, parse_target
+from probe.sweep.compare import BOTH_16X, meets_target, newcombe_interval, parse_target
 
 PRESETS = {"joint": "`hybrid-joint` (2 blocks)", "dat": "`hybrid-dat` (2 blocks)",
            "joint4": "`hybrid-recipe` (4 blocks, joint)", "dat4": "`hybrid-4block-dat` (4 blocks)"}
@@ -30,7 +30,7 @@ PER_PRECISION = 9
 """The bar pre-registered in claims.toml (recipe-target-*): at least this many of the 10 fresh seeds, per precision."""
 SEEDS = range(10, 20)
 """The fresh seeds (sweeps/fresh.toml)."""
-TARGET = parse_target(RECIPE_TARGET)
+TARGET = parse_target(BOTH_16X)
 
 
 def _fresh(root: Path) -> pd.DataFrame | None:
