@@ -168,16 +168,9 @@ def _check_schedule_record(train_config: dict[str, Any], path: Path) -> None:
                               f"record of settings (ScheduleConfig.to_dict writes one)")
     try:
         ScheduleConfig.from_dict(record)
-        return
     except (ProbeError, TypeError):
-        pass
-    try:
-        legacy.upgrade_schedule(record)
-    except (ProbeError, TypeError) as e:
-        raise CheckpointError(f"{path}: not written: train_config's schedule {record!r} is not a schedule ({e})"
-                              ) from None
-    raise CheckpointError(f"{path}: not written: train_config's schedule {record!r} is in an old spelling; "
-                          f"probe.schedules.legacy.upgrade_schedule(record) converts it to today's")
+        raise CheckpointError(f"{path}: not written: train_config's schedule {record!r} "
+                              f"{legacy.why_not_today(record)}") from None
 
 
 def _write_atomically(path: Path, payload: dict[str, Any], mode: int | None = None) -> None:

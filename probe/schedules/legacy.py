@@ -99,6 +99,17 @@ def _settings(record: Mapping[str, Any]) -> dict[str, Any]:
     return d
 
 
+def why_not_today(record: Mapping[str, Any]) -> str:
+    """Why ``record``, which today's ``ScheduleConfig.from_dict`` refused, is not a schedule record of today: an old
+    spelling (named with the function that converts it), or no schedule at all (with the reason). For a writer's
+    refusal only: nothing converted here enters a file."""
+    try:
+        upgrade_schedule(record)
+    except (ProbeError, TypeError) as e:
+        return f"is not a schedule ({e})"
+    return "is in an old spelling; probe.schedules.legacy.upgrade_schedule converts it to today's"
+
+
 def upgrade_schedule(record: Mapping[str, Any]) -> dict[str, Any]:
     """A schedule as a record of any age spelt it, as today's record (``ScheduleConfig.to_dict``): old kinds and
     scopes, bare-number points and settings that did nothing all mean what they meant. A record that was never a
