@@ -141,9 +141,11 @@ def probe_model(
     ``random_subspaces``: draws of the random-subspace baseline of the subspace interchange. Both are off by default
     so that a caller that prints the result (a notebook) gets the same tables as before they existed.
 
-    A wrapped model: each layer of a named ``nn.LSTM`` / ``nn.GRU`` is a block of the state interventions; every
-    other named recurrent module gets the module-level interchange of its outputs (``probe.probes.outputs``: kinds
-    ``output`` and ``output_same_sum``, no verdict)."""
+    A wrapped model: each layer of a named ``nn.LSTM`` / ``nn.GRU``, and each scan state a bridged Mamba / Mamba-2
+    mixer exposes (``probe.bridge.ScanState``), is a block of the state interventions; every other named recurrent
+    module, and a bridged mixer beside its scan state (an upper bound on what that state moves), gets the
+    module-level interchange of its outputs (``probe.probes.outputs``: kinds ``output`` and ``output_same_sum``, no
+    verdict)."""
     check_inputs("probe.probes.probe_model", model=model, task=task)
     model.eval()
     L = task.train_length

@@ -1,7 +1,8 @@
 """Interchange at module level: a recurrent module's outputs from position t on, taken from a source sequence.
 
-A wrapped model's recurrent module that is not an ``nn.LSTM`` / ``nn.GRU`` (an RG-LRU block, a Mamba mixer) has hooks
-on its input and output only: its state after t cannot be set. What can be set is everything the module passes on
+A wrapped model's recurrent module that is not an ``nn.LSTM`` / ``nn.GRU`` and exposes no settable state (an RG-LRU
+block; a bridged Mamba mixer also has its scan state, ``probe.bridge.ScanState``, which the state interventions use)
+has hooks on its input and output only: its state after t cannot be set. What can be set is everything it passes on
 from t on. Base and source share every token after t (``interchange_pair``), so the module's outputs from t on differ
 between them only through what its state carries across t and through any difference in its later inputs (an
 earlier module that also carries history): swapping them is the module-level counterpart of the state interchange,
