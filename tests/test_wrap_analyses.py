@@ -107,6 +107,36 @@ def test_component_ablation_matches_the_gate(task):
     assert abs(attn.effect) > 1e-3  # attention does move the logit, so the equality above is not 0 = 0
 
 
+class Renamed(nn.Module):
+    """A hybrid whose modules carry the user's names, none of them probe's: a GRU ``mixer`` and attention ``mha``."""
+
+    def __init__(self, vocab: int, d: int = 16) -> None:
+        super().__init__()
+        self.embed, self.mixer = nn.Embedding(vocab, d), nn.GRU(d, d, batch_first=True)
+        self.mha, self.unembed = nn.MultiheadAttention(d, 2, batch_first=True), nn.Linear(d, vocab)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        x = x + self.mixer(x)[0]
+        mask = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool).triu(1)
+        return self.unembed(x + self.mha(x, x, x, attn_mask=mask, need_weights=False)[0])
+
+
+def test_component_ablation_names_the_users_modules(task):
+    """The table and its figure name each sublayer by the user's module and its kind (``mha (attn)``), not by a
+    block number the model does not have, and a factory's name is the panel's title as given (no leading '/')."""
+    from probe.attributions.plots import plot_components
+
+    torch.manual_seed(0)
+    wrapped = probe.wrap(Renamed(task.vocab_size).eval(), attention=["mha"], recurrent=["mixer"], task=task)
+    table = component_ablation(wrapped, task.sample(8, 4, 0)).assign(checkpoint="my_hybrid:factory", step=0, length=8)
+    state = table[table.subtask == "state"]
+    assert list(state.module) == ["mixer", "mha"] and list(state.component) == ["gru", "attn"]
+    ax = plot_components(table).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["mixer (gru)", "mha (attn)"]
+    assert ax.get_title() == "my_hybrid:factory step 0, length 8"
+
+
 def test_attributions_cli_takes_a_factory(tmp_path, monkeypatch, capsys):
     from probe.attributions.cli import main
 

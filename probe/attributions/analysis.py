@@ -91,7 +91,7 @@ def analyze_checkpoint(ckpt: Checkpoint, lengths: Sequence[int] | None = None, b
                 "-1): fails if any answer can see a later token"))
             controls.append(threshold_row(
                 name, f"patching_cross_position_L{length}", occ.cross_position_max, 0.0,
-                "max |logit change| after the resampled token with every LSTM and attention output held at its "
+                "max |logit change| after the resampled token with every recurrent and attention output held at its "
                 "clean value: fails if the path patching does not hold the sublayers it claims to hold, or (a "
                 "wrapped model) if a module that mixes positions was not named"))
             if own and model.attention_blocks:  # reads need attention patterns, which a wrapped model hides

@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 DESCRIPTION = """\
 Which inputs and sublayers the answers use, measured exactly: resample one token at a time (labels recomputed) and
 see whether the state answers follow, along all paths, along paths that avoid attention and along paths that avoid
-every LSTM; where attention reads from (value-weighted attention by distance); the effect of zeroing each sublayer;
-optionally integrated gradients per position, shown only where they converge.
+every recurrent module; where attention reads from (value-weighted attention by distance); the effect of zeroing
+each sublayer; optionally integrated gradients per position, shown only where they converge.
 
 Usage: python -m probe.attributions ckpt.pt [ckpt.pt ...] [--ig]. Definitions and controls: docs/guides/gradients.md."""
 
@@ -36,15 +36,16 @@ JSON rows (--json): every row has "analysis", "checkpoint", "run", "schedule", "
 "family", "gate",
 "length".
   analysis "occlusion": kind (number | query | prefix: which token was resampled), distance (t - s; null for the
-    prefix), in_prefix, condition (total | recurrent_only: attention outputs held clean | attention_only: LSTM
-    outputs held clean), follow (state answers whose prediction equals the recomputed label), follow_ci_low/high
-    (95 % over sequences), flip (prediction changed), clean_acc, n_answers, n_sequences.
+    prefix), in_prefix, condition (total | recurrent_only: attention outputs held clean | attention_only:
+    recurrent outputs held clean), follow (state answers whose prediction equals the recomputed label),
+    follow_ci_low/high (95 % over sequences), flip (prediction changed), clean_acc, n_answers, n_sequences.
   analysis "occlusion_far" (numbers; answers pooled per sequence): k, range (near: distance 1..k | far: > k),
     condition, follow, follow_ci_low/high, flip, clean_acc, n_answers, n_sequences.
   analysis "reads": block, distance (null for the prefix), in_prefix, mass (mean share of value-weighted attention
     of the state answers). "reads_far": block, k, prefix, near, far, n_answers (answers at t > k).
-  analysis "components": subtask, block, component (attn, or the recurrent cell: lstm | gru | ssm | the module's
-    class), hook, effect (correct logit minus the same with the output zeroed), share, logit, acc, acc_ablated.
+  analysis "components": subtask, block, module (blocks.{i}.lstm | blocks.{i}.attn, or the name given to
+    probe.wrap), component (attn, or the recurrent cell: lstm | gru | ssm | the module's class), hook, effect
+    (correct logit minus the same with the output zeroed), share, logit, acc, acc_ablated.
   analysis "ig" (--ig; converged answers only): distance, ig, effect (exact occlusion effect of the token 0), n.
     "ig_far": k, far_share, n_answers.
 controls rows: checkpoint, control, kind (instrument: every row here checks the method), value, threshold, passed,
@@ -100,7 +101,7 @@ def format_report(report: AttributionReport) -> str:
     c = report.components
     if not c.empty:
         lines.append("\ncorrect-answer logit drop when one sublayer output is zeroed:")
-        lines.append(c.pivot_table(index=["checkpoint", "length", "subtask"], columns=["block", "component"],
+        lines.append(c.pivot_table(index=["checkpoint", "length", "subtask"], columns=["module", "component"],
                                    values="effect").to_string(float_format=lambda x: f"{x:.3f}"))
     if not report.ig_far.empty:
         lines.append("\nintegrated gradients (converged answers only): share of |IG| from numbers > k back:")

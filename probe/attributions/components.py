@@ -1,4 +1,4 @@
-"""Which sublayer the answers use: the exact effect of zeroing each block's LSTM or attention output."""
+"""Which sublayer the answers use: the exact effect of zeroing each recurrent or attention module's output."""
 
 from __future__ import annotations
 
@@ -21,15 +21,23 @@ def _correct_logit(logits: Tensor, batch: Batch, mask: Tensor) -> Tensor:
     return (correct * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
+def module_of(hook: str) -> str:
+    """The module whose output ``hook`` is, as the gradient split names it: ``blocks.0.lstm`` for probe's
+    ``blocks.0.hook_lstm_out``, the user's own path (``mha``) for a wrapped or bridged model's ``mha.hook_out``."""
+    path, last = hook.rsplit(".", 1)
+    return path if last == "hook_out" else f"{path}.{last.removeprefix('hook_').removesuffix('_out')}"
+
+
 def component_ablation(model: HookedSequenceModel | WrappedModel, batch: Batch, subtasks: Sequence[str] = SUBTASKS,
                        ) -> pd.DataFrame:
-    """Rows ``subtask, block, component, hook, effect, share, logit, acc, acc_ablated``: ``effect`` =
+    """Rows ``subtask, block, module, component, hook, effect, share, logit, acc, acc_ablated``: ``effect`` =
     mean correct-answer logit minus the same with the component's output (``blocks.{i}.hook_{lstm,attn}_out``)
     replaced by 0, which is what a gate of 0 does to attention; ``share`` = |effect| / sum over components.
 
     ``component`` says what the sublayer is in the model's own terms: ``attn``, or the recurrent cell's kind
-    (``lstm``, ``gru``, ``ssm``, or the class of a module probe does not know). A wrapped model: one row per named
-    module (``sublayer_outputs``), ``block`` its place in that order."""
+    (``lstm``, ``gru``, ``ssm``, or the class of a module probe does not know); ``module`` is the module's path
+    (``module_of``). A wrapped model: one row per named module (``sublayer_outputs``), ``block`` its place in that
+    order."""
     check_inputs("probe.attributions.component_ablation", model=model, batch=batch, masks=subtasks)
     sublayers = model.sublayer_outputs()
     hooks = list(sublayers)
@@ -53,7 +61,7 @@ def component_ablation(model: HookedSequenceModel | WrappedModel, batch: Batch, 
         total = sum(abs(e) for e in effects.values())
         for place, name in enumerate(hooks):
             block = int(name.split(".")[1]) if name.startswith("blocks.") else place
-            rows.append({"subtask": subtask, "block": block,
+            rows.append({"subtask": subtask, "block": block, "module": module_of(name),
                          "component": kinds[name], "hook": name,
                          "effect": effects[name], "share": abs(effects[name]) / total if total > 0 else float("nan"),
                          "logit": float(base.mean()), "acc": acc,

@@ -22,10 +22,11 @@ def _sns():
 
 
 def _label(rows: pd.DataFrame, checkpoint: str) -> str:
-    """``folder/file`` of the checkpoint (never the absolute path) and its step."""
+    """``folder/file`` of the checkpoint (never the absolute path; a factory's ``module:factory`` as given) and its
+    step."""
     path = Path(str(checkpoint))
     step = f" step {int(rows.step.iloc[0])}" if len(rows) and "step" in rows.columns else ""
-    return f"{path.parent.name}/{path.name}{step}"
+    return f"{path.parent.name}/{path.name}{step}" if path.parent.name else f"{path.name}{step}"
 
 
 def _grid(df: pd.DataFrame, width: float = 5.2, height: float = 3.4):
@@ -40,8 +41,8 @@ def _grid(df: pd.DataFrame, width: float = 5.2, height: float = 3.4):
 
 def plot_occlusion(profile: pd.DataFrame) -> Figure:
     """State answers: fraction that follow a resampled number to its recomputed label, by distance back, for the
-    input as it is (total) and with attention (recurrent only) or the LSTMs (attention only) held at their clean
-    outputs; band: 95 % interval over sequences. Left of 0: a resampled dictionary token (flip rate)."""
+    input as it is (total) and with attention (recurrent only) or the recurrent modules (attention only) held at
+    their clean outputs; band: 95 % interval over sequences. Left of 0: a resampled dictionary token (flip rate)."""
     _sns()
     df = profile.reset_index(drop=True)
     fig, axes, ckpts, lengths = _grid(df)
@@ -98,10 +99,12 @@ def plot_reads(profile: pd.DataFrame) -> Figure:
 
 def plot_components(table: pd.DataFrame) -> Figure:
     """Drop of the correct answer's logit when one sublayer's output is zeroed, per subtask; rows = checkpoints,
-    columns = lengths."""
+    columns = lengths. A sublayer is named by its module (``blocks.0.lstm``, or the name given to ``probe.wrap``),
+    and by its kind where the name does not say it (``mha (attn)``, ``blocks.0.lstm (gru)``)."""
     sns = _sns()
     df = table.reset_index(drop=True)
-    df["sublayer"] = "block " + df.block.astype(str) + " " + df.component
+    df["sublayer"] = [m if m.rsplit(".", 1)[-1] == c else f"{m} ({c})"
+                      for m, c in zip(df.module, df.component, strict=True)]
     fig, axes, ckpts, lengths = _grid(df, 5.5, 3.8)
     for i, ck in enumerate(ckpts):
         for j, length in enumerate(lengths):
