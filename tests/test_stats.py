@@ -190,3 +190,23 @@ def test_clopper_pearson_is_the_beta_quantile_interval():
     # the one-sided upper bound on a failure rate after k failures in n runs
     assert clopper_pearson(1, 10, alternative="less")[1] == pytest.approx(stats.beta.ppf(0.95, 2, 9))
     assert all(math.isnan(v) for v in clopper_pearson(0, 0))
+
+
+@pytest.mark.parametrize("alternative", ["two-sided", "greater", "less"])
+def test_the_enumerated_null_is_scipys_exact_null(alternative):
+    """permutation_p enumerates the relabelings itself (scipy's enumeration is slow): on unequal groups, ties and a
+    large effect, its p is scipy's exact p with the same ties. A null that missed relabelings, counted one twice or
+    flipped the statistic's sign would move these p values by at least 1/C(n, k)."""
+    from probe.core.stats import _mean_difference, _p_from_null
+
+    rng = np.random.default_rng(3)
+    cases = [(rng.normal(0.3, 1, 5), rng.normal(0, 1, 7)), (rng.integers(0, 3, 6) / 4, rng.integers(0, 3, 6) / 4),
+             (rng.normal(2, 0.1, 4), rng.normal(0, 0.1, 9)), (rng.normal(0, 0.1, 6), rng.normal(2, 0.1, 5)),
+             (np.array([0.9, 0.95, 1.0]), np.array([0.2, 0.99]))]
+    ps = []
+    for x, y in cases:
+        res = stats.permutation_test((x, y), _mean_difference, permutation_type="independent", vectorized=True,
+                                  n_resamples=np.inf)
+        ps.append(permutation_p(x, y, alternative=alternative))
+        assert ps[-1] == pytest.approx(_p_from_null(res, alternative, True), abs=1e-12)
+    assert min(ps) < 0.05 < max(ps)  # the cases span a rejection and a non-rejection in every direction asked

@@ -4,6 +4,7 @@ bootstrap intervals over sequences, and multiplicity adjustment (Holm by hand: f
 
 from __future__ import annotations
 
+import itertools
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -137,10 +138,25 @@ def permutation_p(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarr
         alone = np.array([pooled[i] - np.delete(pooled, i).mean() for i in range(len(pooled))])
         null = alone if len(x) == 1 else -alone
         return _p_from_null(SimpleNamespace(statistic=x.mean() - y.mean(), null_distribution=null), alternative, True)
-    exact = math.comb(len(x) + len(y), len(x)) <= EXACT_LIMIT
+    if math.comb(len(x) + len(y), len(x)) <= EXACT_LIMIT:
+        return _p_from_null(_every_relabeling(x, y), alternative, True)
     res = stats.permutation_test((x, y), _mean_difference, permutation_type="independent", vectorized=True,
-                                 n_resamples=np.inf if exact else MONTE_CARLO, rng=np.random.default_rng(rng_seed))
-    return _p_from_null(res, alternative, exact)
+                                 n_resamples=MONTE_CARLO, rng=np.random.default_rng(rng_seed))
+    return _p_from_null(res, alternative, False)
+
+
+def _every_relabeling(x: np.ndarray, y: np.ndarray) -> SimpleNamespace:
+    """The difference of means under every relabeling of the pooled values, the observed one first: the null that
+    ``scipy.stats.permutation_test(..., n_resamples=np.inf)`` enumerates, as one index array. Written here because
+    scipy builds each relabeling in Python (about 1 s for 10 against 10 seeds, and one render of the study's
+    documents runs some 80 such tests); a relabeling is which values are x, so its statistic is a sum."""
+    pooled, k = np.concatenate([x, y]), len(x)
+    rows = math.comb(len(pooled), k)
+    picks = np.fromiter(itertools.chain.from_iterable(itertools.combinations(range(len(pooled)), k)),
+                        dtype=np.int32, count=rows * k).reshape(rows, k)
+    sums = pooled[picks].sum(axis=1)
+    null = sums / k - (pooled.sum() - sums) / (len(pooled) - k)
+    return SimpleNamespace(statistic=null[0], null_distribution=null)
 
 
 def sign_flip_p(differences: Sequence[float] | np.ndarray, rng_seed: int = 0, alternative: str = "two-sided") -> float:
