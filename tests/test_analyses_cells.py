@@ -41,6 +41,17 @@ def cell(request) -> str:
     return request.param
 
 
+FAST_CELLS = ("lstm", "gru", "ssm-complex")
+"""The cells a whole analysis runs on in the fast tier: the gated pair and the most general scan (a complex
+eigenvalue, open); the other scans differ from it only in their eigenvalues' range, and run in the slow tier."""
+
+
+@pytest.fixture(params=[c if c in FAST_CELLS else pytest.param(c, marks=pytest.mark.slow) for c in CELLS])
+def costly_cell(request) -> str:
+    """A cell for a test that runs a whole analysis (seconds each): every cell, the ones past FAST_CELLS slow."""
+    return request.param
+
+
 def cell_model(cell: str, family: str = "hybrid", **kw):
     return tiny_model(family, TASK.vocab_size, **CELLS[cell], **kw)
 
@@ -194,12 +205,13 @@ def test_patching_the_carried_state_continues_the_source(cell):
         assert (got - want).abs().max() > 1e-2
 
 
-def test_probe_analysis_runs_on_every_cell(cell):
+def test_probe_analysis_runs_on_every_cell(costly_cell):
     """The whole probe analysis on a tiny hybrid: the cell's state vectors are probed, patched and given verdicts,
     and the identity patch (the base's own state set back) changes nothing (an instrument check). Asked for one
     hook, the concatenation of every carried state (a default hook, tested above), the analysis must add each state
     vector itself for its subspace intervention; the other default hooks take the same path and would only multiply
     the probe fits."""
+    cell = costly_cell
     model = cell_model(cell)
     state = [n for i in range(2) for n in probes.state_names(model, i)]
     joined = "+".join(state)
@@ -220,7 +232,8 @@ def test_evaluate_counts_every_answer_on_every_cell(cell):
     assert set(acc) >= {"state", "recall"} and all(0 <= v["token_acc"] <= 1 for v in acc.values())
 
 
-def test_shortcut_controls_pass_on_every_cell(cell):
+def test_shortcut_controls_pass_on_every_cell(costly_cell):
+    cell = costly_cell
     ckpt = checkpoint_from_model(cell_model(cell), TASK)
     report = shortcuts.analyze(ckpt, n_sequences=8, lengths=[6, 12], window_samples=16)
     assert report.controls and all(c["passed"] for c in report.controls)

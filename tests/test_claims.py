@@ -111,6 +111,10 @@ found_on = [0]
 target = { state_win_1x_2x = 1.01 }
 seeds_needed = 1
 """)
+    # the verdicts hold of any model, so the runs train the fewest steps that still checkpoint and evaluate
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text(sweep.read_text().replace("steps = 40", "steps = 4").replace("_every=20", "_every=4")
+                     .replace("traj_every=40", "traj_every=4").replace("warmup=5", "warmup=1"))
     out = tmp_path / "runs"
     assert main(["--confirm", str(path), "--out", str(out), "--jobs", "2", "--no-progress", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)

@@ -22,6 +22,7 @@ is needed; every such import is named in an allow-list below with its reason.
 from __future__ import annotations
 
 import ast
+import functools
 import textwrap
 from pathlib import Path
 
@@ -42,14 +43,21 @@ def _type_checking_only(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
     return False
 
 
+@functools.cache
+def _parse(source: str) -> tuple[ast.AST, dict[ast.AST, ast.AST]]:
+    """A module's tree and each node's parent, parsed once per test process (two walks read every file; nothing
+    edits a tree)."""
+    tree = ast.parse(source)
+    return tree, {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+
+
 def imports_of(path: Path, modules: set[str]) -> set[str]:
     """The probe modules that running ``path`` can import, wherever the import statement sits (module level,
     function body, try block). Importing ``probe.a.b`` runs ``probe.a`` first, so a package's ``__init__`` is an
     import too, except for the package's own modules (Python has already put the package in place for them)."""
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
-    tree = ast.parse(path.read_text(), str(path))
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    tree, parents = _parse(path.read_text())
     named: set[str] = set()
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Import, ast.ImportFrom)) or _type_checking_only(node, parents):
@@ -73,10 +81,17 @@ def imports_of(path: Path, modules: set[str]) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+@functools.cache
+def _parsed_graph() -> dict[str, frozenset[str]]:
+    # parsed once per test process: six tests walk the same files
     paths = sorted(PROBE.rglob("*.py"))
     modules = {module_name(p) for p in paths}
-    return {module_name(p): imports_of(p, modules) for p in paths}
+    return {module_name(p): frozenset(imports_of(p, modules)) for p in paths}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """probe's module graph: each module and the probe modules it can import (a fresh copy, free to plant in)."""
+    return {k: set(v) for k, v in _parsed_graph().items()}
 
 
 def components(graph: dict[str, set[str]]) -> list[set[str]]:
@@ -254,8 +269,7 @@ LAZY_PROBE_IMPORTERS = {
 
 def function_level_imports(source: str) -> list[tuple[str, int]]:
     """(imported module, line) of each import statement inside a function, outside ``if TYPE_CHECKING:``."""
-    tree = ast.parse(source)
-    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    tree, parents = _parse(source)
     found = []
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Import, ast.ImportFrom)) or _type_checking_only(node, parents):
