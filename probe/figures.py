@@ -412,3 +412,13 @@ def draw(specs: Sequence[FigureSpec], inputs: Any, out: Path, formats: Sequence[
             bar.write(f"{spec.name:24s} {rows[-1]['seconds']:6.1f} s  -> {', '.join(files)}", file=sys.stderr)
     bar.close()
     return rows
+
+
+NO_COMMAND = ("error: probe.figures is plots and no command: a grid's figures come from python -m probe.sweep GRID "
+              "--report --out DIR, each analysis draws its own with --out DIR, and this repository's figure set is "
+              "made by the script that figures/README.md names")
+"""What ``python -m probe.figures`` (a command once) says instead of doing nothing."""
+
+if __name__ == "__main__":
+    print(NO_COMMAND, file=sys.stderr)
+    sys.exit(2)

@@ -158,3 +158,14 @@ def test_figure_text_names_files_without_the_folder_they_sit_in(tmp_path):
     assert ax.get_title() == "hybrid-dat.pt"
     assert ax.get_legend().get_texts()[0].get_text() == "hybrid-joint (trajectories/hybrid-joint/step_000010.pt)"
     plt.close(fig)
+
+
+def test_running_the_module_says_where_the_figures_come_from():
+    """``python -m probe.figures`` (a command in older versions and in the issue that moved it) does nothing silently
+    no more: one line on stderr naming the commands that draw figures, exit code 2."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "probe.figures"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == F.NO_COMMAND and "probe.sweep GRID --report" in done.stderr
