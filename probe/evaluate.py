@@ -116,8 +116,10 @@ def evaluate_checkpoints(paths: Sequence[str | Path], lengths: Sequence[int] | N
 
 def _trained_as(ckpt: Any) -> dict[str, Any]:
     """How a checkpoint was trained, so that a table mixing precisions or devices says so (older checkpoints:
-    fp32, default AdamW, device not recorded)."""
-    train = ckpt.train_config or {}
+    fp32, default AdamW, device not recorded; a model as its factory builds it, never trained: all None)."""
+    if not ckpt.train_config:
+        return {"precision": None, "optimizer_impl": None, "trained_on": None}
+    train = ckpt.train_config
     precision, device = hardware.trained_as(ckpt.extra)
     return {"precision": precision or train.get("precision", "fp32"),
             "optimizer_impl": train.get("optimizer_impl", "default"), "trained_on": device}
@@ -151,13 +153,26 @@ def evaluate_windows(paths: Sequence[str | Path], max_length: int | None = None,
     return pd.concat(frames, ignore_index=True)
 
 
+def n_seeds(rows: pd.DataFrame) -> int:
+    """Seeds among ``rows``: each distinct seed, and each checkpoint that records none (a factory's fresh model) as
+    one of its own, so that a table of one such model does not say 0 seeds."""
+    return int(rows.seed.dropna().nunique() + rows.checkpoint[rows.seed.isna()].nunique())
+
+
+def trained_as_text(precision: Any, optimizer_impl: Any) -> str:
+    """How a checkpoint was trained, in words for the CLI's first lines."""
+    if precision is None or precision != precision:
+        return "never trained (no training record: the model as its factory builds it)"
+    return f"trained in {precision} (AdamW {optimizer_impl})"
+
+
 def windows_summary(windows: pd.DataFrame, subtasks: Sequence[str] | None = None) -> pd.DataFrame:
     """Token accuracy (percent) per label, subtask and window: mean over seeds, the lowest seed, and the chance
     floor, as a wide table (one column per window) for a terminal or a report."""
     data = windows if subtasks is None else windows[windows.subtask.isin(subtasks)]
     rows: list[dict[str, Any]] = []
     for (label, subtask), g in data.groupby(["label", "subtask"], sort=False):
-        row: dict[str, Any] = {"label": label, "subtask": subtask, "seeds": g.seed.nunique(),
+        row: dict[str, Any] = {"label": label, "subtask": subtask, "seeds": n_seeds(g),
                                "chance": f"{100 * g.chance.iloc[0]:.1f}"}
         for name, w in g.groupby("window", sort=False):
             acc = w.token_acc.dropna()
@@ -201,7 +216,7 @@ def summary_table(curves: pd.DataFrame, factors: Sequence[int] = FACTORS) -> pd.
     others = sorted(set(curves.length[~multiple].astype(int)))
     shown = others if len(others) <= SHOWN_LENGTHS else []
     for (label, subtask), g in curves.groupby(["label", "subtask"]):
-        row: dict[str, Any] = {"label": label, "subtask": subtask, "seeds": g.seed.nunique()}
+        row: dict[str, Any] = {"label": label, "subtask": subtask, "seeds": n_seeds(g)}
         inside = g[g.length <= g.train_length].groupby("seed").token_acc.mean()
         if len(inside):
             row["1..1x"] = _spread(inside)
@@ -257,9 +272,9 @@ def plot_length_curves(curves: pd.DataFrame, subtasks: Sequence[str] = SUBTASKS)
         ax.set(title=f"{subtask} subtask", xlabel="stream length L (tokens)", ylabel="token accuracy",
                ylim=(-0.02, 1.02))
         ax.legend(fontsize=7, loc="lower left")
-    n_seeds = data.groupby("label").seed.nunique()
+    seeds = {label: n_seeds(g) for label, g in data.groupby("label")}
     fig.suptitle("Accuracy vs length (line: mean over seeds; band: min–max) — seeds per model: "
-                 + ", ".join(f"{k} {v}" for k, v in n_seeds.items()), fontsize=8)
+                 + ", ".join(f"{k} {v}" for k, v in seeds.items()), fontsize=8)
     fig.tight_layout()
     return fig
 
@@ -430,7 +445,7 @@ def run(opts: EvaluateOptions) -> Report:
         longest = int(opts.lengths and max(opts.lengths) or 0) or None
         windows = evaluate_windows(paths, longest, opts.samples, opts.batch_size, opts.seed, device,
                                    progress=opts.progress)
-    text = [f"{r.checkpoint}: {r.label}, seed {r.seed}, trained in {r.precision} (AdamW {r.optimizer_impl})"
+    text = [f"{r.checkpoint}: {r.label}, seed {r.seed}, {trained_as_text(r.precision, r.optimizer_impl)}"
             for r in curves.drop_duplicates("checkpoint").itertuples()]
     text.append(summary_table(curves).to_string(index=False))
     solved = solved_table(curves)

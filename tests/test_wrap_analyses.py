@@ -153,6 +153,23 @@ def test_attributions_cli_takes_a_factory(tmp_path, monkeypatch, capsys):
     assert checks["occlusion_causal_L8"]["passed"] and checks["patching_cross_position_L8"]["passed"]
 
 
+def test_evaluate_of_a_factorys_fresh_model_says_it_was_never_trained(tmp_path, monkeypatch, capsys):
+    """A factory's model as built has no training record: the first line says so (it said 'trained in fp32 (AdamW
+    default)') and the tables count it as one seed (they said 0, beside '0/1' in the same output)."""
+    from probe.evaluate import main
+
+    (tmp_path / "my_hybrid.py").write_text(textwrap.dedent(FACTORY))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    assert main(["my_hybrid:factory", "--lengths", "8,16", "--samples", "4", "--no-progress"]) == 0
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "my_hybrid:factory, seed None, never trained" in text and "trained in fp32" not in text
+    header = next(line for line in text.splitlines() if line.split()[:3] == ["label", "subtask", "seeds"])
+    row = text.splitlines()[text.splitlines().index(header) + 1].split()
+    assert row[:3] == ["my_hybrid:factory", "all", "1"]
+
+
 @needs_captum  # without captum, --ig is refused for that first (tests/test_extras.py)
 def test_ig_on_a_factory_is_refused_in_one_line_from_the_command_line(tmp_path, monkeypatch, capsys):
     from probe.attributions.cli import main
