@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -52,7 +54,21 @@ def results_dir(root: Path) -> Path:
 
 
 def grid_of(root: Path, name: str) -> Grid:
-    return load_grid(results_dir(root) / name)
+    """A committed grid, read once per process while its files stay as they are (one render reads each grid a dozen
+    times); a copy, so that a block that edits its frames edits only its own."""
+    path = results_dir(root) / name
+    files = tuple(sorted((f.name, f.stat().st_mtime_ns, f.stat().st_size)
+                         for f in (path.iterdir() if path.is_dir() else [path]) if f.is_file()))
+    grid = _grid_read(path.resolve(), files)
+    return dataclasses.replace(grid, runs=grid.runs.copy(), curves=grid.curves.copy(),
+                               training=grid.training.copy(), windows=grid.windows.copy(),
+                               checkpoints=dict(grid.checkpoints))
+
+
+@functools.lru_cache(maxsize=64)
+def _grid_read(path: Path, files: tuple[tuple[str, int, int], ...]) -> Grid:
+    # `files` (each file's name, mtime and size) is only the key: a grid whose files change is read again
+    return load_grid(path)
 
 
 def col(runs: pd.DataFrame, name: str) -> pd.Series:
