@@ -4,11 +4,13 @@ cut on two task variants, pre-registered in claims_transfer.toml): each a functi
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import tomllib
 
 from probe.core.chance import chance
+from probe.sweep.claims import judge, load_claims
 from probe.tasks import make_task
 
 GRID = "transfer"
@@ -24,8 +26,8 @@ def _design(root: Path) -> tuple[list[str], list[int]]:
     return [v["name"] for v in sweep["variant"]], list(sweep["seeds"])
 
 
-def _runs(root: Path) -> pd.DataFrame:
-    path = root / "study" / "results" / GRID / "runs.jsonl"
+def _runs(root: Path, grid: str = GRID) -> pd.DataFrame:
+    path = root / "study" / "results" / grid / "runs.jsonl"
     return pd.read_json(path, lines=True) if path.is_file() else pd.DataFrame(columns=["variant", "seed"])
 
 
@@ -73,4 +75,145 @@ def transfer_seeds(root: Path) -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {"transfer-seeds": transfer_seeds}
+FITS = 0.95
+"""A seed fits the training lengths when both subtasks reach this in range (the claims' own threshold for holding)."""
+PARTS = {"joint-cliff": "the cliff", "dat-4x": "DAT's fix, (2x, 4x]", "dat-16x": "DAT to (8x, 16x]",
+         "dat-beats-joint": "DAT above joint, (2x, 4x]", "cut-holds": "the cause: the block-0 cut holds, (2x, 4x]",
+         "cut-beats-joint": "the block-0 cut above joint, (2x, 4x]"}
+"""The parts of the mod-10 story, by the stem of their claims in claims_transfer.toml (the id less its task)."""
+
+
+def _fit(runs: pd.DataFrame, variant: str) -> str:
+    """How many of a variant's committed seeds fit the training lengths: a seed that does not leaves the parts that
+    look beyond range untested for it."""
+    r = runs[runs.variant == variant] if len(runs) else runs
+    if not len(r):
+        return "—"
+    ok = (r.state_win_0x_1x >= FITS) & (r.recall_win_0x_1x >= FITS)
+    return f"{int(ok.sum())} of {len(r)}"
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    """The judge's verdict, its first clause and its numbers: the seeds, or the difference with its interval."""
+    word = row["verdict"].split(":", 1)[0]
+    if row["kind"] == "target":
+        if not row["n_seeds"]:
+            return f"{word}: no seed yet, {row['seeds_needed']} needed"
+        return (f"{word}: {row['seeds_meeting']} of {row['n_seeds']} seeds meet it, {row['seeds_needed']} of "
+                f"{len(row['fresh_seeds'].split())} needed; rate {100 * row['seeds_meeting'] / row['n_seeds']:.0f} %, "
+                f"95 % CI [{100 * row['rate_ci_low']:.0f}, {100 * row['rate_ci_high']:.0f}]")
+    if row["confirmed"] is None:
+        return row["verdict"]
+    return (f"{word}: {100 * row['difference']:+.1f} points, 95 % CI [{100 * row['difference_ci_low']:+.1f}, "
+            f"{100 * row['difference_ci_high']:+.1f}]; one-sided exact p {row['p_permutation']:.2g}, Holm "
+            f"{row['p_holm']:.2g} ({row['n_seeds']} vs {row['n_seeds']} seeds)")
+
+
+def _judged(root: Path, claims: str, grid: str) -> tuple[list[dict[str, Any]], pd.DataFrame]:
+    runs = _runs(root, grid)
+    if not len(runs):  # the judge reads the metrics from the runs' columns: none before the first run
+        return [], runs
+    return judge(load_claims(root / "study" / claims), runs), runs
+
+
+def transfer_answer(root: Path) -> str:
+    """Per task and part of the story, its pre-registered claim as probe's judge reads it on the committed seeds
+    (``probe.sweep --confirm``): how many seeds fit the training lengths, how many meet the claim with the rate's
+    exact (Clopper-Pearson) 95 % interval, or the comparison's difference with its Welch interval and Holm-adjusted
+    exact p, and the verdict."""
+    rows, runs = _judged(root, "claims_transfer.toml", GRID)
+    if not rows:
+        return "No run of the grid is committed yet."
+    head = ["task", "part", "claim", "seeds that fit in range", "verdict"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for row in rows:
+        task, stem = row["claim"].split("-", 1)
+        fit = _fit(runs, row["variant"])
+        if row["versus"]:
+            fit += f" / {_fit(runs, row['versus'])} (joint)"
+        lines.append(f"| {TASKS.get(task, task)} | {PARTS.get(stem, stem)} | `{row['claim']}` | {fit} | "
+                     f"{_verdict(row)} |")
+    return "\n".join(lines)
+
+
+READING = [("The cliff", "joint-cliff", "joint seeds fall below 90 % in (2x, 4x]"),
+           ("DAT's fix", "dat-4x", "DAT seeds hold both subtasks >= 95 % in (2x, 4x]"),
+           ("The cause", "cut-holds", "block-0 cut seeds hold both subtasks >= 95 % in (2x, 4x]")]
+"""The three parts of the story, each by its claim's stem and what a seed meeting it does."""
+
+
+def transfer_reading(root: Path) -> str:
+    """One bullet per part of the story: per task, how many seeds fit, how many meet the part's claim, and the
+    verdict's word, so that the page's reading is the committed seeds' and moves with them."""
+    rows, runs = _judged(root, "claims_transfer.toml", GRID)
+    if not rows:
+        return "No run of the grid is committed yet."
+    by_id = {row["claim"]: row for row in rows}
+    out = []
+    for title, stem, meets in READING:
+        parts = []
+        for task, name in TASKS.items():
+            row = by_id.get(f"{task}-{stem}")
+            if row is None or not row["n_seeds"]:
+                parts.append(f"{name}: no seed yet")
+                continue
+            parts.append(f"{name}: {row['seeds_meeting']} of {row['n_seeds']} {meets} ({_fit(runs, row['variant'])} "
+                         f"fit in range), {row['verdict'].split(':', 1)[0]}")
+        out.append(f"- **{title}.** " + "; ".join(parts) + ".")
+    return "\n".join(out)
+
+
+BRIDGED = "bridged"
+CELLS = {"lstm-joint": ("an `nn.LSTM` in Nemotron-H's layout, joint", "LSTM"),
+         "lstm-dat": ("an `nn.LSTM` in Nemotron-H's layout, DAT", "LSTM"),
+         "nemotron-h-joint": ("Nemotron-H, joint", "Mamba-2"), "mamba2-alone": ("Mamba-2 alone", "Mamba-2"),
+         "qwen3-next-joint": ("Qwen3-Next, joint", "gated DeltaNet"), "jamba-joint": ("Jamba, joint", "Mamba-1")}
+"""The bridged grid's variants (sweeps/bridged.toml) as the page names them, with their recurrence."""
+
+
+def _diagnostic(root: Path) -> dict[tuple[str, int], str]:
+    """Each trained model's "can this recurrence count?" over all its recurrent layers, from transitions.csv
+    (study/scripts/bridged_transitions.py): "cannot" or "can", or the reason there is no reading."""
+    path = root / "study" / "results" / BRIDGED / "transitions.csv"
+    if not path.is_file():
+        return {}
+    table = pd.read_csv(path)
+    out = {}
+    for (variant, seed), g in table.groupby(["variant", "seed"]):
+        notes = g.note.dropna()
+        notes = notes[notes != ""]
+        if len(notes):
+            out[(variant, int(seed))] = "no linear transition"
+            continue
+        every = g[g.layer == "all"] if (g.layer == "all").any() else g
+        out[(variant, int(seed))] = "can" if every.can_count.astype(str).str.lower().eq("true").any() else "cannot"
+    return out
+
+
+def bridged_answer(root: Path) -> str:
+    """Per bridged cell: its committed seeds, the state in range and beyond (with its parity beyond, the factor the
+    theory says a positive-eigenvalue recurrence cannot keep), each trained model's own diagnostic, and the claim's
+    verdict as probe's judge reads it."""
+    rows, runs = _judged(root, "claims_bridged.toml", BRIDGED)
+    sweep = tomllib.loads((root / "study" / "sweeps" / f"{BRIDGED}.toml").read_text())
+    diagnostic = _diagnostic(root)
+    head = ["cell", "recurrence", "seeds in", "state in range", "state (2x, 4x]", "parity (2x, 4x]",
+            "state (8x, 16x]", "recall in range", "trained model's diagnostic"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in (v["name"] for v in sweep["variant"]):
+        r = runs[runs.variant == v].sort_values("seed") if len(runs) else runs
+        name, cell = CELLS.get(v, (v, "?"))
+        cells = [name, cell, ", ".join(str(int(s)) for s in r.seed) if len(r) else "none yet"]
+        for col in ("state_win_0x_1x", "state_win_2x_4x", "state_mod2_win_2x_4x", "state_win_8x_16x",
+                    "recall_win_0x_1x"):
+            cells.append(_seeds(r[col]) if len(r) and col in r else "—")
+        cells.append(" / ".join(diagnostic.get((v, int(s)), "not read") for s in r.seed) if len(r) else "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Token accuracy (%) per seed, in seed order; chance: state 10, parity 50, recall 6.2. Claims "
+              "(claims_bridged.toml) as judged on these seeds:", ""]
+    lines += [f"- `{row['claim']}`: {_verdict(row)}" for row in rows] or ["- no run committed yet"]
+    return "\n".join(lines)
+
+
+BLOCKS = {"transfer-seeds": transfer_seeds, "transfer-answer": transfer_answer, "transfer-reading": transfer_reading,
+          "bridged-answer": bridged_answer}

@@ -12,6 +12,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _root(tmp_path: Path, runs: list[dict]) -> Path:
     (tmp_path / "study" / "sweeps").mkdir(parents=True)
     shutil.copy(ROOT / "study" / "sweeps" / "transfer.toml", tmp_path / "study" / "sweeps")
+    shutil.copy(ROOT / "study" / "claims_transfer.toml", tmp_path / "study")
     out = tmp_path / "study" / "results" / "transfer"
     out.mkdir(parents=True)
     (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
@@ -44,3 +45,58 @@ def test_the_page_s_block_is_rendered_from_the_committed_results(study_scripts):
     T, R = study_scripts("doc_blocks_transfer", "render_docs")
     page = (ROOT / "study" / "docs" / "transfer.md").read_text()
     assert R.render_text(page, T.BLOCKS, ROOT, "transfer.md") == page, "python study/scripts/render_docs.py"
+
+
+def _full(variant: str, seed: int, state: float, recall: float = 1.0, in_range: float = 1.0) -> dict:
+    """A run with every window the claims read: ``in_range`` in range, ``state``/``recall`` beyond it."""
+    run = _run(variant, seed, state, recall)
+    return run | {"state_win_0x_1x": in_range, "recall_win_0x_1x": in_range}
+
+
+def test_the_answer_is_the_judge_s_verdict_per_task_and_part(study_scripts, tmp_path):
+    """m7-joint: 6 of 8 seeds fall, the cliff's bar is 5 of 8, so the cliff is confirmed with its rate's interval;
+    m7-dat: one seed of 8 below 95 % decides DAT's fix (every seed) against it; coupled-dat fits in no seed, which the
+    fit column says. A table that read the wrong column, or counted seeds that do not fall as falling, would change
+    these verdicts."""
+    T = study_scripts("doc_blocks_transfer")
+    runs = [_full("m7-joint", s, 0.2 if s < 76 else 0.99) for s in range(70, 78)]
+    runs += [_full("m7-dat", s, 0.99 if s != 77 else 0.90) for s in range(70, 78)]
+    runs += [_full("coupled-dat", s, 0.23, 0.23, in_range=0.23) for s in range(70, 73)]
+    text = T.transfer_answer(_root(tmp_path, runs))
+    rows = {line.split(" | ")[2].strip("`"): line for line in text.splitlines() if line.count("`") >= 2}
+    assert "confirmed: 6 of 8 seeds meet it, 5 of 8 needed; rate 75 %, 95 % CI [35, 97]" in rows["m7-joint-cliff"]
+    assert "not confirmed: 7 of 8 seeds meet it, 8 of 8 needed" in rows["m7-dat-4x"]
+    assert "| 0 of 3 |" in rows["coupled-dat-4x"] and "| 8 of 8 |" in rows["m7-dat-4x"]
+    assert "confirmed: +" in rows["m7-dat-beats-joint"] and "Holm" in rows["m7-dat-beats-joint"]
+    assert "pending" in rows["m7-cut-holds"]
+
+
+def test_the_bridged_answer_reads_each_trained_model_s_diagnostic(study_scripts, tmp_path):
+    T = study_scripts("doc_blocks_transfer")
+    root = _root(tmp_path, [])
+    shutil.copy(ROOT / "study" / "sweeps" / "bridged.toml", root / "study" / "sweeps")
+    shutil.copy(ROOT / "study" / "claims_bridged.toml", root / "study")
+    out = root / "study" / "results" / "bridged"
+    out.mkdir(parents=True)
+    run = _full("qwen3-next-joint", 81, 0.1, in_range=0.99) | {"state_mod2_win_2x_4x": 0.5}
+    (out / "runs.jsonl").write_text(json.dumps(run) + "\n")
+    (out / "transitions.csv").write_text("variant,seed,layer,range,can_count,note\n"
+                                         "qwen3-next-joint,81,all,positive,False,\n"
+                                         "qwen3-next-joint,81,blocks.0,positive,True,\n")
+    text = T.bridged_answer(root)
+    row = next(line for line in text.splitlines() if line.startswith("| Qwen3-Next"))
+    assert "| 81 | 99.0 | 10.0 | 50.0 |" in row and row.endswith("| cannot |")  # the all-layers reading
+    assert "none yet" in next(line for line in text.splitlines() if line.startswith("| Jamba"))
+    assert "`qwen3-next-fits-and-falls`: pending: 1 of 1 seeds meet it, 3 of 3 needed" in text
+
+
+def test_the_reading_counts_each_part_per_task_from_the_same_seeds(study_scripts, tmp_path):
+    T = study_scripts("doc_blocks_transfer")
+    runs = [_full("m7-joint", s, 0.2 if s < 73 else 0.99) for s in range(70, 75)]
+    runs += [_full("coupled-cut", s, 0.23, 0.23, in_range=0.26) for s in range(70, 72)]
+    text = T.transfer_reading(_root(tmp_path, runs))
+    cliff = next(line for line in text.splitlines() if line.startswith("- **The cliff.**"))
+    assert "interleaved, m = 7: 3 of 5 joint seeds fall below 90 % in (2x, 4x] (5 of 5 fit in range), pending" in cliff
+    assert "coupled, m = 10: no seed yet" in cliff
+    cause = next(line for line in text.splitlines() if line.startswith("- **The cause.**"))
+    assert "coupled, m = 10: 0 of 2 block-0 cut seeds hold" in cause and "(0 of 2 fit in range)" in cause
