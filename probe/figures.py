@@ -29,6 +29,8 @@ import pandas as pd
 
 from probe.core.stats import t_interval
 from probe.core.tables import pipe_row, pipe_table
+from probe.errors import ProbeError
+from probe.runner import Command, CommandOptions, Report
 from probe.schedules.legacy import ALIASES
 
 if TYPE_CHECKING:
@@ -419,6 +421,19 @@ NO_COMMAND = ("error: probe.figures is plots and no command: a grid's figures co
               "made by the script that figures/README.md names")
 """What ``python -m probe.figures`` (a command once) says instead of doing nothing."""
 
+
+@dataclass
+class _NoCommandOptions(CommandOptions):
+    """``python -m probe.figures`` takes no flag of its own: it only says where figures come from."""
+
+
+def _refuse(options: _NoCommandOptions) -> Report:
+    raise ProbeError(NO_COMMAND.removeprefix("error: "))
+
+
+COMMAND = Command("figures", _NoCommandOptions, _refuse, "probe.figures is plots and no command: it says where a "
+                  "grid's, an analysis's and this repository's figures come from", results_file=False)
+main = COMMAND.main
+
 if __name__ == "__main__":
-    print(NO_COMMAND, file=sys.stderr)
-    sys.exit(2)
+    sys.exit(main())
