@@ -1,20 +1,22 @@
-"""Memory of ``python -m probe.evaluate`` at its default settings, on every shipped checkpoint and on two wrapped
+"""Memory of ``python -m probe.evaluate`` at its default settings, on every shipped checkpoint and on three wrapped
 hybrids: the activation peak it plans (``probe.memory``: the largest sub-batch at the costliest length, the windows'
 16 x L_train included) against what it measures, and their ratio (plan / measured: above 1 the plan is generous,
 below 1 it understates).
 
     python benchmarks/evaluate_memory.py [--lengths 5:100:5] [--samples 256] [--order]
 
-Three numbers a row: ``planned`` (``forward_cost`` x the sub-batch); ``tensors``, the bytes CPU tensors hold at the
-peak of that one forward pass as the allocator counts them (``probe.memory.TensorPeak``: what the plan models,
-exactly); ``measured``, the peak growth of the resident set over the whole evaluation, in a process of its own (what
-the evaluation reports: the activations, plus what the allocator keeps of earlier lengths' freed blocks, torch's
-one-time allocations and the loaded model). The wrapped rows are plain-PyTorch hybrids (``Hybrid``: nn.Embedding,
-nn.LSTM or nn.GRU, causal nn.MultiheadAttention, nn.Linear; width 32, untrained) under ``probe.wrap``, on probe's
-default task: with 2 heads nn.MultiheadAttention's eval path writes out the T x T scores; with 1 head it runs a fused
-kernel that never does, which the plan, reading only widths and heads, cannot see. The summary compares each group's
-range with ``probe.memory.PLAN_RATIOS`` (what the refusal and evaluate's report quote; the run in
-docs/guides/sweeps.md) and says whether every row lies within 1.5x, and every row but the fused kernel's.
+Three numbers a row: ``planned`` (``forward_cost`` x the sub-batch); ``tensors``, the bytes CPU tensors hold at the peak
+of that one forward pass as the allocator counts them (``probe.memory.TensorPeak``: what the plan models, exactly);
+``measured``, the peak growth of the resident set over the whole evaluation, in a process of its own (what the
+evaluation reports: the activations, plus what the allocator keeps of earlier lengths' freed blocks, torch's one-time
+allocations and the loaded model). The wrapped rows are plain-PyTorch hybrids (width 32, untrained) under
+``probe.wrap``, on probe's default task: ``Hybrid`` (nn.Embedding, nn.LSTM or nn.GRU, causal nn.MultiheadAttention,
+nn.Linear) and ``UserHybrid``, the shape a user writes (an nn.GRU ``gru``, a causal 2-head nn.MultiheadAttention ``mha``
+and an MLP block, wrapped as docs/guides/your-task.md wraps its hybrid). With 2 heads nn.MultiheadAttention's eval path
+writes out the T x T scores; with 1 head it runs a fused kernel that never does, which the plan, reading only widths and
+heads, cannot see. The summary compares each group's range with ``probe.memory.PLAN_RATIOS`` (what the refusal and
+evaluate's report quote; the runs in docs/guides/sweeps.md) and says whether every row lies within 1.5x, and every row
+but the fused kernel's.
 
 ``--order`` also measures the same evaluation with the lengths run shortest first (as probe did before it ran them
 longest first), each in a process of its own: the reference that shows what the order saves.
@@ -58,25 +60,53 @@ class Hybrid(nn.Module):
         return self.unembed(x + self.attn(x, x, x, attn_mask=mask, need_weights=False)[0])
 
 
-def _wrapped(cell: type[nn.Module], heads: int) -> tuple[nn.Module, object]:
+class UserHybrid(nn.Module):
+    """A hybrid as a new user wrote one (issue 53's trial): embedding, an nn.GRU named ``gru``, causal 2-head
+    nn.MultiheadAttention named ``mha``, an MLP block (4 x width, GELU), unembedding, the middle three residual."""
+
+    def __init__(self, vocab: int, d: int = WIDTH) -> None:
+        super().__init__()
+        self.embed, self.gru = nn.Embedding(vocab, d), nn.GRU(d, d, batch_first=True)
+        self.mha = nn.MultiheadAttention(d, 2, batch_first=True)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+        self.unembed = nn.Linear(d, vocab)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        x = self.embed(tokens)
+        x = x + self.gru(x)[0]
+        mask = torch.ones(tokens.shape[1], tokens.shape[1], dtype=torch.bool, device=tokens.device).triu(1)
+        x = x + self.mha(x, x, x, attn_mask=mask, need_weights=False)[0]
+        return self.unembed(x + self.mlp(x))
+
+
+def _wrapped(module: nn.Module, attention: str = "attn", recurrent: str = "rnn") -> tuple[nn.Module, object]:
+    return probe.wrap(module.eval(), attention=[attention], recurrent=[recurrent]), make_task()
+
+
+def _hybrid(cell: type[nn.Module], heads: int) -> tuple[nn.Module, object]:
     torch.manual_seed(0)
-    task = make_task()
-    return probe.wrap(Hybrid(task.vocab_size, cell=cell, heads=heads).eval(), attention=["attn"],
-                      recurrent=["rnn"]), task
+    return _wrapped(Hybrid(make_task().vocab_size, cell=cell, heads=heads))
 
 
 def lstm_two_heads() -> tuple[nn.Module, object]:
     """The factory of the first wrapped row (``evaluate_memory:lstm_two_heads``)."""
-    return _wrapped(nn.LSTM, 2)
+    return _hybrid(nn.LSTM, 2)
 
 
 def gru_one_head() -> tuple[nn.Module, object]:
     """The factory of the second wrapped row: one head, so nn.MultiheadAttention runs a fused kernel."""
-    return _wrapped(nn.GRU, 1)
+    return _hybrid(nn.GRU, 1)
+
+
+def gru_mha_mlp() -> tuple[nn.Module, object]:
+    """The factory of the third wrapped row: the user's hybrid, wrapped as docs/guides/your-task.md shows."""
+    torch.manual_seed(0)
+    return _wrapped(UserHybrid(make_task().vocab_size), attention="mha", recurrent="gru")
 
 
 WRAPPED = {"wrapped LSTM, 2 heads": "evaluate_memory:lstm_two_heads",
-           "wrapped GRU, 1 head": "evaluate_memory:gru_one_head"}
+           "wrapped GRU, 1 head": "evaluate_memory:gru_one_head",
+           "wrapped GRU+MHA+MLP": "evaluate_memory:gru_mha_mlp"}
 FUSED = {"wrapped GRU, 1 head"}
 """Rows whose attention is a fused kernel: no T x T scores, where the plan counts them."""
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import pytest
 import torch
@@ -127,4 +128,21 @@ def test_the_plan_says_it_is_an_estimate_and_how_far_off_the_benchmark_found_it(
     wrapped = probe.wrap(Hybrid(task.vocab_size).eval(), attention=["attn"], recurrent=["lstm"], task=task)
     lo, hi = PLAN_RATIOS["wrapped"]
     assert "cannot see inside it" in estimate_note(wrapped.cfg) and f"{lo:.2f}-{hi:.2f}x" in estimate_note(wrapped.cfg)
+    with pytest.raises(ProbeError, match=rf"cannot see inside it: {lo:.2f}-{hi:.2f}x the measured peak"):
+        fit_batch_size(wrapped.cfg, 100_000, 1, available=2**30)
     assert "not benchmarked" in estimate_note(ours, grad=True)
+
+
+def test_the_sweeps_guide_quotes_the_ranges_the_plan_holds():
+    """docs/guides/sweeps.md prints the benchmark's table and says which ranges ``PLAN_RATIOS`` took from it; a
+    range changed in one place and not the other (a new benchmark row) fails here."""
+    from pathlib import Path
+
+    from probe.memory import PLAN_RATIOS
+
+    guide = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "sweeps.md").read_text()
+    said = re.search(r"`PLAN_RATIOS` holds ([\d.]+)-([\d.]+) for probe's models and ([\d.]+)-([\d.]+) for the "
+                     r"wrapped ones", " ".join(guide.split()))
+    assert said, "docs/guides/sweeps.md no longer says which ranges PLAN_RATIOS holds"
+    quoted = [float(x) for x in said.groups()]
+    assert quoted == [*PLAN_RATIOS["probe"], *PLAN_RATIOS["wrapped"]]
