@@ -52,7 +52,8 @@ def transfer_seeds(root: Path) -> str:
     """Per variant, the token accuracy (%) of each committed seed (in seed order) in each window of stream positions,
     the state (coupled: the answer, the value bound to s_t) and recall beyond range, beside their chance floors."""
     variants, seeds = _design(root)
-    runs = _runs(root).sort_values("seed") if len(_runs(root)) else _runs(root)
+    runs = _runs(root)
+    runs = runs.sort_values("seed") if len(runs) else runs
     chance = _chance(root)
     head = ["task", "schedule", "seeds in"] + [f"state {w}" for w, _ in WINDOWS] + [
         "recall (2x, 4x]", "recall (8x, 16x]", "chance: state / recall"]
