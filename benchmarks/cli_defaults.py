@@ -182,7 +182,9 @@ def compare_threads(cases: list[Case], tmp: Path, beside: bool, repeats: int) ->
     lands on each setting alike), and the default's median over one thread's. The default should be no slower than
     one thread: def/1 <= 1.10. Returns whether every command meets that."""
     print(f"\n{'command (--no-progress --json), ' + ('beside a training run' if beside else 'no other work'):<60} "
-          f"{'default':>8} {'1 thr':>7} {'2 thr':>7} {'def/1':>6} {'load':>5}   (median of {repeats}, interleaved)")
+          f"{'default':>8} {'1 thr':>7} {'2 thr':>7} {'def/1':>6} {'rounds':>11} {'load':>5}   (median of {repeats}, "
+          "interleaved; rounds: the lowest and highest def/1 of a single round, the noise between two runs of one "
+          "setting)")
     ok = True
     with training_beside(tmp, beside):
         for case in cases:
@@ -193,9 +195,10 @@ def compare_threads(cases: list[Case], tmp: Path, beside: bool, repeats: int) ->
                     walls[t].append(run(with_threads(case, t), tmp, env={"MPLBACKEND": "Agg"})[0])
             med = {t: statistics.median(w) for t, w in walls.items()}
             ratio = med[None] / med[1]
+            rounds = [d / o for d, o in zip(walls[None], walls[1])]
             ok &= ratio <= 1.10
             print(f"{case.name:<60} {med[None]:8.1f} {med[1]:7.1f} {med[2]:7.1f} {ratio:6.2f} "
-                  f"{os.getloadavg()[0]:5.1f}", flush=True)
+                  f"{min(rounds):5.2f}-{max(rounds):<5.2f} {os.getloadavg()[0]:5.1f}", flush=True)
     print(f"every default within 10 % of --threads 1 ({'beside a training run' if beside else 'no other work'}): "
           f"{'yes' if ok else 'no'}")
     return ok
