@@ -1,6 +1,8 @@
 """What one training step of a bridged hybrid costs against probe's own 2-block hybrid of the same width.
 
-Usage: ``python benchmarks/bridge_step.py [--steps 10] [--threads 1] [--presets bridge-jamba-dat,...]``.
+Usage: ``python benchmarks/bridge_step.py [--steps 10] [--threads 1] [--presets bridge-jamba-dat,...]``; an entry of
+``--presets`` may carry ``probe.train --set`` overrides after spaces, e.g. ``"bridge-nemotron-h-dat model.arch=bamba"``
+for a bridged architecture that has no preset of its own.
 Each model is the one ``python -m probe.train`` trains for its preset (``hybrid-dat`` and every ``bridge-*-dat`` preset,
 ``bridge-nemotron-h-lstm-dat``'s nn.LSTM in Nemotron-H's layout among them: width 128, 2 layers;
 ``probe.bridge.ARCHS`` states the transformers configs). A step is the trainer's own
@@ -49,14 +51,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="timed steps per model and phase (after 2 warm-up)")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--presets", default=",".join(BRIDGED), help="the bridged presets, comma-separated")
+    parser.add_argument("--presets", default=",".join(BRIDGED),
+                        help="the bridged presets, comma-separated; each may add --set overrides after spaces")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(args.threads)
     names = [BASE, *args.presets.split(",")]
     trainers = {}
     for name in names:
-        model_cfg, task, cfg = build_configs(name)
+        preset, *overrides = name.split()
+        model_cfg, task, cfg = build_configs(preset, overrides=overrides)
         with contextlib.redirect_stderr(io.StringIO()):
             trainers[name] = Trainer(model_cfg, task, cfg, tempfile.mkdtemp(), progress=False)
     switch = trainers[BASE].schedule.switch_step

@@ -168,7 +168,8 @@ BRIDGED = "bridged"
 CELLS = {"lstm-joint": ("an `nn.LSTM` in Nemotron-H's layout, joint", "LSTM"),
          "lstm-dat": ("an `nn.LSTM` in Nemotron-H's layout, DAT", "LSTM"),
          "nemotron-h-joint": ("Nemotron-H, joint", "Mamba-2"), "mamba2-alone": ("Mamba-2 alone", "Mamba-2"),
-         "qwen3-next-joint": ("Qwen3-Next, joint", "gated DeltaNet"), "jamba-joint": ("Jamba, joint", "Mamba-1")}
+         "qwen3-next-joint": ("Qwen3-Next, joint", "gated DeltaNet"), "bamba-joint": ("Bamba, joint", "Mamba-2"),
+         "jamba-joint": ("Jamba, joint", "Mamba-1")}
 """The bridged grid's variants (sweeps/bridged.toml) as the page names them, with their recurrence."""
 
 
