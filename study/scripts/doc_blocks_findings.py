@@ -8,6 +8,7 @@ import textwrap
 from pathlib import Path
 
 import doc_blocks_coadaptation as co
+import doc_blocks_transfer as transfer
 import numpy as np
 import pandas as pd
 from doc_blocks_claims import confirmed_by_rule, rule_rows
@@ -183,12 +184,13 @@ def why(root: Path) -> str:
 
 def readme_findings(root: Path) -> str:
     """The README's findings, one bullet each: the reproduction, where the cliff lands, how common it is, the
-    recipe, precision and the pre-registered claims, and the mechanism."""
+    recipe, precision and the pre-registered claims, the mechanism, and whether the story transfers."""
     runs = _fresh(root)
     if runs is None:
         return _bullet(reproduced(root)) + "\n- The fresh-seed grid is not committed yet."
-    return "\n".join(_bullet(t) for t in (reproduced(root), cliff_lands(root, runs), cliff_common(root, runs),
-                                          no_recipe(root, runs), precision_and_claims(root, runs), why(root)))
+    bullets = [reproduced(root), cliff_lands(root, runs), cliff_common(root, runs), no_recipe(root, runs),
+               precision_and_claims(root, runs), why(root), transfer.readme_line(root)]
+    return "\n".join(_bullet(t) for t in bullets if t is not None)
 
 
 BLOCKS = {"readme-findings": readme_findings}

@@ -217,5 +217,39 @@ def bridged_answer(root: Path) -> str:
     return "\n".join(lines)
 
 
+SHORT = {"joint-cliff": "cliff", "dat-4x": "DAT's fix", "cut-holds": "block-0 cut holds"}
+"""The three parts of the story as the README's line names them, by their claims' stems."""
+
+
+def readme_line(root: Path) -> str | None:
+    """The README's findings line on the transfer page: per task, the seeds meeting each part's pre-registered claim
+    (and how many fit in range where not all do); per bridged cell kind, how many seeds fit in range. None before any
+    run of the task grid is committed."""
+    rows, runs = _judged(root, "claims_transfer.toml", GRID)
+    if not rows:
+        return None
+    by_id = {row["claim"]: row for row in rows}
+    tasks = []
+    for task, name in TASKS.items():
+        parts = []
+        for stem, word in SHORT.items():
+            row = by_id.get(f"{task}-{stem}")
+            if row is None or not row["n_seeds"]:
+                continue
+            fit = _fit(runs, row["variant"])
+            unfit = "" if fit.split(" of ")[0] == fit.split(" of ")[1] else f" ({fit.split(' of ')[0]} fit)"
+            parts.append(f"{word} {row['seeds_meeting']} of {row['n_seeds']}{unfit}")
+        if parts:
+            tasks.append(f"{'m = 7' if task == 'm7' else task}: " + ", ".join(parts))
+    text = ("**Other tasks** ([transfer](study/docs/transfer.md), fresh seeds, claims filed first), seeds meeting "
+            "each part: " + "; ".join(tasks))
+    bridged = _runs(root, BRIDGED)
+    native = bridged[~bridged.variant.str.startswith("lstm-")] if len(bridged) else bridged
+    if len(native):  # a seed below FITS in range leaves "fits, then falls" untested for it
+        fits = int((native.state_win_0x_1x >= FITS).sum())
+        text += f"; bridged Mamba / DeltaNet cells: {fits} of {len(native)} seeds fit in range"
+    return text + "."
+
+
 BLOCKS = {"transfer-seeds": transfer_seeds, "transfer-answer": transfer_answer, "transfer-reading": transfer_reading,
           "bridged-answer": bridged_answer}

@@ -100,3 +100,23 @@ def test_the_reading_counts_each_part_per_task_from_the_same_seeds(study_scripts
     assert "coupled, m = 10: no seed yet" in cliff
     cause = next(line for line in text.splitlines() if line.startswith("- **The cause.**"))
     assert "coupled, m = 10: 0 of 2 block-0 cut seeds hold" in cause and "(0 of 2 fit in range)" in cause
+
+
+def test_the_readme_line_counts_the_seeds_meeting_each_part_and_those_that_fit(study_scripts, tmp_path):
+    """The README's line on the transfer page reads the same judge: a cliff counted from the wrong window, a fit
+    count that ignored recall, or bridged seeds counted as fitting below 95 % in range would change it."""
+    T = study_scripts("doc_blocks_transfer")
+    runs = [_full("m7-joint", s, 0.2 if s < 73 else 0.99) for s in range(70, 75)]
+    runs.append(_full("m7-joint", 75, 0.2) | {"recall_win_0x_1x": 0.5})  # falls, but does not fit in range
+    runs += [_full("coupled-dat", s, 0.23, 0.23, in_range=0.23) for s in range(70, 72)]
+    root = _root(tmp_path, runs)
+    assert T.readme_line(_root(tmp_path / "empty", [])) is None
+    bridged = root / "study" / "results" / "bridged"
+    bridged.mkdir(parents=True)
+    rows = [_full("nemotron-h-joint", 80, 0.1, in_range=0.96), _full("mamba2-alone", 80, 0.1, in_range=0.94),
+            _full("lstm-joint", 80, 1.0)]
+    (bridged / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    line = " ".join(T.readme_line(root).split())
+    assert "m = 7: cliff 4 of 6 (5 fit)" in line, line
+    assert "coupled: DAT's fix 0 of 2 (0 fit)" in line, line
+    assert "bridged Mamba / DeltaNet cells: 1 of 2 seeds fit in range" in line, line  # the LSTM cell is not one
