@@ -166,6 +166,31 @@ def test_dry_run_prints_runs_and_commands_and_runs_nothing(tmp_path, capsys):
 
 
 
+def test_skip_collected_trains_only_the_runs_a_collected_grid_lacks(tmp_path, capsys):
+    """A grid resumed where its run folders are gone (a fresh clone holding only the committed runs.jsonl) must not
+    retrain what is committed, per variant and seed: a filter that dropped whole variants, or every seed a variant
+    shares with another's collected seed, would list other runs than these."""
+    grid = tmp_path / "grid"
+    grid.mkdir()
+    (grid / "runs.jsonl").write_text("".join(json.dumps({"variant": v, "seed": s}) + "\n"
+                                             for v, s in (("lstm", 0), ("lstm", 1), ("hybrid-dat", 0))))
+    argv = ["--preset", "lstm", "hybrid-dat", "--seeds", "0", "1", "2", "--steps", "5", "--out", str(tmp_path / "o"),
+            "--skip-collected", str(grid), "--dry-run"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    listed = [line.split()[0] for line in captured.out.splitlines() if "[new]" in line]
+    assert listed == ["lstm/seed2", "hybrid-dat/seed1", "hybrid-dat/seed2"]
+    assert "skipping 3 run(s)" in captured.err
+    (grid / "runs.jsonl").write_text("".join(json.dumps({"variant": v, "seed": s}) + "\n"
+                                             for v in ("lstm", "hybrid-dat") for s in (0, 1, 2)))
+    assert main(argv) == 0 and "nothing to train" in capsys.readouterr().out
+    assert main([*argv[:-3], "--skip-collected", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no runs.jsonl" in err
+    assert main(["--report", str(grid), "--skip-collected", str(grid)]) == 2
+    assert "--skip-collected goes with a grid to train" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("report_flags", [["--compare", "a:b:c"], ["--compare", "a:b", "--target", "x>1"],
                                           ["--target", "both-16x"], ["--window", "(2x, 4x]"]])
 def test_bad_report_options_are_refused_before_anything_trains(tmp_path, capsys, report_flags):

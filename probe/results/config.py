@@ -122,6 +122,16 @@ class SweepConfig:
             runs.sort(key=lambda r: (position[r.variant, r.seed], rank[r.variant]))
         return runs
 
+    def without(self, done: set[tuple[str, int]]) -> SweepConfig | None:
+        """The runs of this config that ``done`` ((variant, seed) pairs) does not hold: each variant keeps its other
+        seeds, a variant with none left is dropped; None when nothing is left to run."""
+        variants = []
+        for v in self.variants:
+            seeds = tuple(s for s in (self.seeds if v.seeds is None else v.seeds) if (v.name, s) not in done)
+            if seeds:
+                variants.append(replace(v, seeds=seeds))
+        return replace(self, variants=tuple(variants)) if variants else None
+
     def with_command_line(self, seeds: list[int] | None = None, steps: int | None = None,
                           overrides: list[str] | None = None) -> SweepConfig:
         """What the command line adds to a config file: ``--seeds`` and ``--steps`` replace every variant's,

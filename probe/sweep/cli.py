@@ -14,7 +14,7 @@ from probe.cli import envelope, nonnegative_int, positive_float, positive_int, r
 from probe.core.files import write_text_atomically
 from probe.core.lock import folder_lock
 from probe.errors import ProbeError
-from probe.results import has_run_folders, load_grid
+from probe.results import RUNS, has_run_folders, load_grid
 from probe.results.config import DEFAULT_LENGTHS, SweepConfig, config_from_presets, eval_lengths_for, load_config
 from probe.runner import Command, CommandOptions, Report, option
 from probe.sweep.aggregate import (
@@ -45,7 +45,7 @@ from probe.training.schedule import Schedule
 
 DEFAULT_SAMPLES, QUICK_SAMPLES = 256, 32
 USAGE = """Usage:
-  python -m probe.sweep CONFIG.toml --out DIR [--executor local|ray] [--jobs N] [--dry-run]
+  python -m probe.sweep CONFIG.toml --out DIR [--executor local|ray] [--jobs N] [--skip-collected GRID] [--dry-run]
   python -m probe.sweep --preset P [P ...] --seeds S [S ...] [--steps N] [--set SECTION.FIELD=VALUE ...] --out DIR
   python -m probe.sweep DIR --report [--out REPORT_DIR | --in-place]
   python -m probe.sweep --confirm CLAIMS.toml --out DIR [--no-train]
@@ -111,6 +111,9 @@ class SweepOptions(CommandOptions):
     quick: bool = option(False, f"a smoke test's evaluation: {QUICK_SAMPLES} sequences at every (L_train/5)-th "
                                 "length up to 4x, unless --eval-samples/--eval-lengths say otherwise (the log says "
                                 "what it reduced)")
+    skip_collected: str | None = option(None, "skip the runs a collected grid already holds (GRID/runs.jsonl, e.g. "
+                                              "a committed study/results/NAME): a grid resumed where its run folders "
+                                              "are gone trains only what is missing", metavar="GRID")
     dry_run: bool = option(False, "print the runs, their state and commands; run nothing")
     report: bool = option(False, "re-aggregate the runs of DIR without training: into DIR if it is a sweep's (run "
                                  "folders), else into --out")
@@ -278,6 +281,8 @@ def run(opts: SweepOptions) -> Report:
     """Check the report's options, then run the mode asked for: confirm claims, report a folder, or train a grid
     (or only list its runs) and report it."""
     check_report_options(opts)
+    if opts.skip_collected and (opts.confirm or opts.report):
+        raise ProbeError("--skip-collected goes with a grid to train (a config or --preset), not --confirm or --report")
     if opts.confirm:
         return confirm(opts)
     if opts.no_train:
@@ -287,6 +292,14 @@ def run(opts: SweepOptions) -> Report:
     if opts.in_place:
         raise ProbeError("--in-place goes with --report")
     cfg = config_from_args(opts)
+    if opts.skip_collected:
+        left = cfg.without(collected_runs(opts.skip_collected))
+        if left is None:
+            say(opts, f"every run of {cfg.name!r} is already in {opts.skip_collected}: nothing to train")
+            return Report([], [])
+        skipped = len(cfg.runs(".")) - len(left.runs("."))
+        print(f"skipping {skipped} run(s) that {opts.skip_collected} already holds", file=sys.stderr)
+        cfg = left
     samples, lengths, quick_note = eval_options(opts, cfg)
     factors = opts.eval_factors or cfg.eval_factors
     validate_runs(cfg)
@@ -297,6 +310,20 @@ def run(opts: SweepOptions) -> Report:
         raise ProbeError("--out DIR is required: runs go to DIR/VARIANT/seedS/")
     return train_and_report(opts, cfg, Path(opts.out), RunOptions(eval_samples=samples, eval_lengths=lengths,
                                                                   eval_factors=factors, note=quick_note))
+
+
+def collected_runs(grid: str | Path) -> set[tuple[str, int]]:
+    """The (variant, seed) pairs a collected grid holds (``--skip-collected``), from its ``runs.jsonl``."""
+    path = Path(grid) / RUNS
+    if not path.is_file():
+        raise ProbeError(f"--skip-collected {grid}: no {RUNS} there (a grid written by python -m probe.results "
+                         "collect)")
+    try:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return {(str(r["variant"]), int(r["seed"])) for r in rows}
+    except (ValueError, KeyError, TypeError) as e:
+        raise ProbeError(f"--skip-collected {grid}: {RUNS} is not one JSON object with variant and seed a line "
+                         f"({type(e).__name__})") from None
 
 
 def check_report_options(opts: SweepOptions) -> None:
