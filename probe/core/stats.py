@@ -124,10 +124,10 @@ def _mean_difference(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray
 def permutation_p(a: Sequence[float] | np.ndarray, b: Sequence[float] | np.ndarray, rng_seed: int = 0,
                   alternative: str = "two-sided") -> float:
     """Exact permutation p of the difference of means over every relabeling of the pooled seeds (C(n_a + n_b,
-    n_a) of them, enumerated by ``scipy.stats.permutation_test`` with ``permutation_type="independent"``);
-    two-sided is twice the smaller tail. Beyond ``EXACT_LIMIT`` relabelings a seeded Monte Carlo sample of
-    ``MONTE_CARLO`` of them is used (p then counts the observed labelling, so it is never 0). Non-finite values are
-    dropped."""
+    n_a) of them, enumerated here as one index array, ``_every_relabeling``, and held to
+    ``scipy.stats.permutation_test``'s exact p by the tests); two-sided is twice the smaller tail. Beyond
+    ``EXACT_LIMIT`` relabelings ``scipy.stats.permutation_test`` draws a seeded Monte Carlo sample of ``MONTE_CARLO``
+    of them (p then counts the observed labelling, so it is never 0). Non-finite values are dropped."""
     from scipy import stats
 
     x, y = _clean(a), _clean(b)
