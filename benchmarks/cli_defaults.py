@@ -195,7 +195,7 @@ def compare_threads(cases: list[Case], tmp: Path, beside: bool, repeats: int) ->
                     walls[t].append(run(with_threads(case, t), tmp, env={"MPLBACKEND": "Agg"})[0])
             med = {t: statistics.median(w) for t, w in walls.items()}
             ratio = med[None] / med[1]
-            rounds = [d / o for d, o in zip(walls[None], walls[1])]
+            rounds = [d / o for d, o in zip(walls[None], walls[1], strict=True)]
             ok &= ratio <= 1.10
             print(f"{case.name:<60} {med[None]:8.1f} {med[1]:7.1f} {med[2]:7.1f} {ratio:6.2f} "
                   f"{min(rounds):5.2f}-{max(rounds):<5.2f} {os.getloadavg()[0]:5.1f}", flush=True)

@@ -230,7 +230,7 @@ def readme_line(root: Path) -> str | None:
         return None
     by_id = {row["claim"]: row for row in rows}
     tasks = []
-    for task, name in TASKS.items():
+    for task in TASKS:
         parts = []
         for stem, word in SHORT.items():
             row = by_id.get(f"{task}-{stem}")
