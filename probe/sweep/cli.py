@@ -111,9 +111,9 @@ class SweepOptions(CommandOptions):
     quick: bool = option(False, f"a smoke test's evaluation: {QUICK_SAMPLES} sequences at every (L_train/5)-th "
                                 "length up to 4x, unless --eval-samples/--eval-lengths say otherwise (the log says "
                                 "what it reduced)")
-    skip_collected: str | None = option(None, "skip the runs a collected grid already holds (GRID/runs.jsonl, e.g. "
-                                              "a committed study/results/NAME): a grid resumed where its run folders "
-                                              "are gone trains only what is missing", metavar="GRID")
+    skip_collected: str | None = option(None, "skip the runs a collected grid already holds (GRID/runs.jsonl, as "
+                                              "python -m probe.results collect writes it): a grid resumed where its "
+                                              "run folders are gone trains only what is missing", metavar="GRID")
     dry_run: bool = option(False, "print the runs, their state and commands; run nothing")
     report: bool = option(False, "re-aggregate the runs of DIR without training: into DIR if it is a sweep's (run "
                                  "folders), else into --out")
