@@ -107,7 +107,7 @@ def _verdict(row: dict[str, Any]) -> str:
         return row["verdict"]
     return (f"{word}: {100 * row['difference']:+.1f} points, 95 % CI [{100 * row['difference_ci_low']:+.1f}, "
             f"{100 * row['difference_ci_high']:+.1f}]; one-sided exact p {row['p_permutation']:.2g}, Holm "
-            f"{row['p_holm']:.2g} ({row['n_seeds']} vs {row['n_seeds']} seeds)")
+            f"{row['p_holm']:.2g} (a Holm family of {row['family']}; {row['n_seeds']} vs {row['n_seeds']} seeds)")
 
 
 def _judged(root: Path, claims: str, grid: str) -> tuple[list[dict[str, Any]], pd.DataFrame]:

@@ -37,7 +37,7 @@ def copy(tmp_path_factory) -> Path:
     shutil.copytree(ROOT / "docs", root / "docs")
     for part in ("docs", "results", "sweeps"):
         shutil.copytree(ROOT / "study" / part, root / "study" / part)
-    for name in ("README.md", "claims.toml"):
+    for name in ("README.md", "claims.toml", "claims_transfer.toml", "claims_bridged.toml"):
         shutil.copy(ROOT / "study" / name, root / "study")
     return root
 
