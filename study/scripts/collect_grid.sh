@@ -6,6 +6,8 @@
 #   3. for the fresh grid, the pre-registered claims judged on it (probe.sweep --confirm study/claims.toml) and its
 #      figure (study/scripts/figures.py --only fresh_by_window); for an ssm_ grid, each new run's SSM transitions and channel
 #      fades (study/scripts/recurrent_transitions.py into study/results/NAME/transitions.csv; runs read are skipped);
+#      for transfer and bridged, their claims (study/claims_NAME.toml), and for bridged each new run's "can this
+#      recurrence count?" reading (study/scripts/bridged_transitions.py into study/results/bridged/transitions.csv);
 #      for coadaptation2, the placebo's per-step cap log summarised per run (study/scripts/placebo_cap.py into
 #      study/results/NAME/placebo_cap.csv; collect keeps those lines out of training.csv);
 #   4. every rendered table of README.md, docs/ and study/docs/ (study/scripts/render_docs.py);
@@ -27,6 +29,13 @@ if [ "$name" = fresh ]; then
   # relative paths: claims.md names the grid as the docs link it
   $PY -m probe.sweep --confirm study/claims.toml --out "$out" --no-train >/dev/null
   $PY study/scripts/figures.py --only fresh_by_window --quiet
+fi
+if [ "$name" = transfer ] || [ "$name" = bridged ]; then
+  # the second task's and the bridged cells' pre-registered claims (issue 51), judged on what has landed so far
+  $PY -m probe.sweep --confirm "study/claims_$name.toml" --out "$out" --no-train >/dev/null
+fi
+if [ "$name" = bridged ]; then
+  $PY study/scripts/bridged_transitions.py "$runs" --out "$out/transitions.csv"
 fi
 if [ "$name" = coadaptation2 ]; then
   $PY study/scripts/placebo_cap.py "$runs" "$out"
