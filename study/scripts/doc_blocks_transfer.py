@@ -192,6 +192,13 @@ def _diagnostic(root: Path) -> dict[tuple[str, int], str]:
     return out
 
 
+def _readings(values: list[str]) -> str:
+    """Per seed, in seed order, as the other columns are; one reading shared by every seed is said once."""
+    if len(values) > 1 and len(set(values)) == 1:
+        return f"{values[0]} (all {len(values)})"
+    return " / ".join(values)
+
+
 def bridged_answer(root: Path) -> str:
     """Per bridged cell: its committed seeds, the state in range and beyond (with its parity beyond, the factor the
     theory says a positive-eigenvalue recurrence cannot keep), each trained model's own diagnostic, and the claim's
@@ -209,7 +216,7 @@ def bridged_answer(root: Path) -> str:
         for col in ("state_win_0x_1x", "state_win_2x_4x", "state_mod2_win_2x_4x", "state_win_8x_16x",
                     "recall_win_0x_1x"):
             cells.append(_seeds(r[col]) if len(r) and col in r else "—")
-        cells.append(" / ".join(diagnostic.get((v, int(s)), "not read") for s in r.seed) if len(r) else "—")
+        cells.append(_readings([diagnostic.get((v, int(s)), "not read") for s in r.seed]) if len(r) else "—")
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Token accuracy (%) per seed, in seed order; chance: state 10, parity 50, recall 6.2. Claims "
               "(claims_bridged.toml) as judged on these seeds:", ""]

@@ -90,6 +90,15 @@ def test_the_bridged_answer_reads_each_trained_model_s_diagnostic(study_scripts,
     assert "`qwen3-next-fits-and-falls`: pending: 1 of 1 seeds meet it, 3 of 3 needed" in text
 
 
+def test_the_bridged_diagnostic_says_a_shared_reading_once_and_a_split_one_per_seed(study_scripts):
+    """Seeds that disagree keep their own readings in seed order: a summary that kept only the first would hide a
+    "can"."""
+    T = study_scripts("doc_blocks_transfer")
+    assert T._readings(["cannot", "cannot", "cannot"]) == "cannot (all 3)"
+    assert T._readings(["cannot", "can", "cannot"]) == "cannot / can / cannot"
+    assert T._readings(["cannot"]) == "cannot"
+
+
 def test_the_reading_counts_each_part_per_task_from_the_same_seeds(study_scripts, tmp_path):
     T = study_scripts("doc_blocks_transfer")
     runs = [_full("m7-joint", s, 0.2 if s < 73 else 0.99) for s in range(70, 75)]
