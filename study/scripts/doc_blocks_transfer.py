@@ -224,6 +224,39 @@ def bridged_answer(root: Path) -> str:
     return "\n".join(lines)
 
 
+def _span(values: pd.Series) -> str:
+    return f"{100 * values.min():.1f}-{100 * values.max():.1f} %" if len(values) else "—"
+
+
+def bridged_reading(root: Path) -> str:
+    """The bridged recurrences (every cell but the LSTM layouts) read together: how many seeds fit the state in range,
+    where they sit beyond it against chance, and what each trained model's own diagnostic and its checks say."""
+    runs = _runs(root, BRIDGED)
+    native = runs[~runs.variant.str.startswith("lstm-")] if len(runs) else runs
+    if not len(native):
+        return "- no run of a bridged recurrence committed yet"
+    cells = [CELLS.get(v, (v, "?"))[0].removesuffix(", joint") for v in dict.fromkeys(native.variant)]
+    fits = int((native.state_win_0x_1x >= FITS).sum())
+    lines = [f"- **Fit.** {fits} of {len(native)} seeds ({', '.join(cells)}) reach {100 * FITS:.0f} % on the state in "
+             f"range: {_span(native.state_win_0x_1x)}.",
+             f"- **Beyond range.** State in (2x, 4x] {_span(native.state_win_2x_4x)} (chance 10 %), its parity "
+             f"{_span(native.state_mod2_win_2x_4x)} (chance 50 %); state in (8x, 16x] "
+             f"{_span(native.state_win_8x_16x)}."]
+    recall = native.recall_win_0x_1x
+    lines.append(f"- **Recall in range** (a lookup, no counting): {int((recall >= FITS).sum())} of {len(native)} seeds "
+                 f"reach {100 * FITS:.0f} %; the rest {_span(recall[recall < FITS])} (chance 6.2 %).")
+    path = root / "study" / "results" / BRIDGED / "transitions.csv"
+    table = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["variant", "seed", "layer"])
+    every = table[(table.layer == "all") & table.variant.isin(native.variant)]
+    read = every.merge(native[["variant", "seed"]], on=["variant", "seed"])
+    cannot = int((read.can_count.astype(str).str.lower() == "false").sum())
+    checks = read[["state_reproduction", "negated", "longer_sequences"]]
+    passed = int(checks.apply(lambda row: all(str(v).lower() == "true" for v in row.dropna()), axis=1).sum())
+    lines.append(f"- **The trained models' diagnostic.** \"cannot\" in {cannot} of {len(native)} seeds "
+                 f"({len(native) - len(read)} not read); its checks pass in {passed} of {len(read)} read.")
+    return "\n".join(lines)
+
+
 SHORT = {"joint-cliff": "cliff", "dat-4x": "DAT's fix", "cut-holds": "block-0 cut holds"}
 """The three parts of the story as the README's line names them, by their claims' stems."""
 
@@ -259,4 +292,4 @@ def readme_line(root: Path) -> str | None:
 
 
 BLOCKS = {"transfer-seeds": transfer_seeds, "transfer-answer": transfer_answer, "transfer-reading": transfer_reading,
-          "bridged-answer": bridged_answer}
+          "bridged-answer": bridged_answer, "bridged-reading": bridged_reading}

@@ -129,3 +129,31 @@ def test_the_readme_line_counts_the_seeds_meeting_each_part_and_those_that_fit(s
     assert "m = 7: cliff 4 of 6 (5 fit)" in line, line
     assert "coupled: DAT's fix 0 of 2 (0 fit)" in line, line
     assert "bridged Mamba / DeltaNet cells: 1 of 2 seeds fit in range" in line, line  # the LSTM cell is not one
+
+
+def test_the_bridged_reading_counts_fits_chance_recall_and_the_diagnostic_from_the_planted_runs(study_scripts,
+                                                                                                tmp_path):
+    """The LSTM layouts stay out of it (their state fits), a seed at 96 % in range counts as fitting and one at 94 %
+    does not, a "can" reading or a failed check is counted against "cannot" and the checks, and a run with no
+    transitions row is said to be unread: a reading that counted every LSTM seed, compared against the wrong bar, or
+    took the first layer's row for the model's would each change a line below."""
+    T = study_scripts("doc_blocks_transfer")
+    root = _root(tmp_path, [])
+    out = root / "study" / "results" / "bridged"
+    out.mkdir(parents=True)
+    runs = [_full("lstm-joint", 80, 0.99, in_range=1.0) | {"state_mod2_win_2x_4x": 1.0},
+            _full("nemotron-h-joint", 80, 0.10, in_range=0.96) | {"state_mod2_win_2x_4x": 0.5},
+            _full("jamba-joint", 81, 0.12, in_range=0.94) | {"state_mod2_win_2x_4x": 0.52, "recall_win_0x_1x": 0.27},
+            _full("bamba-joint", 82, 0.09, in_range=0.40) | {"state_mod2_win_2x_4x": 0.49, "recall_win_0x_1x": 0.25}]
+    (out / "runs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in runs))
+    (out / "transitions.csv").write_text(
+        "variant,seed,layer,can_count,state_reproduction,negated,longer_sequences,note\n"
+        "lstm-joint,80,all,,,,,no linear transition\n"
+        "nemotron-h-joint,80,blocks.0.mixer,True,True,True,True,\n"
+        "nemotron-h-joint,80,all,False,True,True,True,\n"
+        "jamba-joint,81,all,True,True,False,True,\n")
+    text = T.bridged_reading(root)
+    assert "1 of 3 seeds (Nemotron-H, Jamba, Bamba) reach 95 % on the state in range: 40.0-96.0 %" in text
+    assert "State in (2x, 4x] 9.0-12.0 % (chance 10 %), its parity 49.0-52.0 %" in text
+    assert "1 of 3 seeds reach 95 %; the rest 25.0-27.0 %" in text
+    assert "\"cannot\" in 1 of 3 seeds (1 not read); its checks pass in 1 of 2 read" in text
