@@ -1,4 +1,4 @@
-"""study/results/ stays in proportion (7.5 MB, 1 MB a file, analysis JSON and grids compact); compacting loses no row it
+"""study/results/ stays in proportion (8 MiB, 1 MB a file, analysis JSON and grids compact); compacting loses no row it
 keeps."""
 
 from __future__ import annotations
