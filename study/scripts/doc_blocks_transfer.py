@@ -173,13 +173,17 @@ CELLS = {"lstm-joint": ("an `nn.LSTM` in Nemotron-H's layout, joint", "LSTM"),
 """The bridged grid's variants (sweeps/bridged.toml) as the page names them, with their recurrence."""
 
 
+def _transitions(root: Path) -> pd.DataFrame:
+    """The bridged grid's transitions.csv (study/scripts/bridged_transitions.py): a row per run and recurrent layer
+    (and ``all``); empty before any run is read."""
+    path = root / "study" / "results" / BRIDGED / "transitions.csv"
+    return pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["variant", "seed", "layer", "note"])
+
+
 def _diagnostic(root: Path) -> dict[tuple[str, int], str]:
     """Each trained model's "can this recurrence count?" over all its recurrent layers, from transitions.csv
     (study/scripts/bridged_transitions.py): "cannot" or "can", or the reason there is no reading."""
-    path = root / "study" / "results" / BRIDGED / "transitions.csv"
-    if not path.is_file():
-        return {}
-    table = pd.read_csv(path)
+    table = _transitions(root)
     out = {}
     for (variant, seed), g in table.groupby(["variant", "seed"]):
         notes = g.note.dropna()
@@ -245,12 +249,12 @@ def bridged_reading(root: Path) -> str:
     recall = native.recall_win_0x_1x
     lines.append(f"- **Recall in range** (a lookup, no counting): {int((recall >= FITS).sum())} of {len(native)} seeds "
                  f"reach {100 * FITS:.0f} %; the rest {_span(recall[recall < FITS])} (chance 6.2 %).")
-    path = root / "study" / "results" / BRIDGED / "transitions.csv"
-    table = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["variant", "seed", "layer"])
-    every = table[(table.layer == "all") & table.variant.isin(native.variant)]
-    read = every.merge(native[["variant", "seed"]], on=["variant", "seed"])
-    cannot = int((read.can_count.astype(str).str.lower() == "false").sum())
-    checks = read[["state_reproduction", "negated", "longer_sequences"]]
+    diagnostic = _diagnostic(root)  # the bridged table's own reading of each model, so the two cannot disagree
+    seeds = list(zip(native.variant, native.seed.astype(int), strict=True))
+    cannot = sum(diagnostic.get(key) == "cannot" for key in seeds)
+    table = _transitions(root)
+    read = table[table.layer == "all"].merge(native[["variant", "seed"]], on=["variant", "seed"])
+    checks = read.reindex(columns=["state_reproduction", "negated", "longer_sequences"])
     passed = int(checks.apply(lambda row: all(str(v).lower() == "true" for v in row.dropna()), axis=1).sum())
     lines.append(f"- **The trained models' diagnostic.** \"cannot\" in {cannot} of {len(native)} seeds "
                  f"({len(native) - len(read)} not read); its checks pass in {passed} of {len(read)} read.")
